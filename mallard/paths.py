@@ -1,0 +1,67 @@
+"""Where everything lives under the data directory; the one place that names those files."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class DataPaths:
+    root: Path
+
+    @property
+    def control_db(self) -> Path:
+        """SQLite store of clients, accounts, brands, hashed tokens and writeKeys."""
+        return self.root / "control.sqlite"
+
+    @property
+    def secret_file(self) -> Path:
+        """Server secret for subscription ids (HMAC); never leaves the data dir."""
+        return self.root / "secret.key"
+
+    @property
+    def wal_dir(self) -> Path:
+        return self.root / "wal"
+
+    @property
+    def landing_dir(self) -> Path:
+        """Immutable Parquet landing files, Hive-partitioned: date=YYYY-MM-DD/<collector>-<seq>.parquet."""
+        return self.root / "landing"
+
+    @property
+    def lake_dir(self) -> Path:
+        return self.root / "lake"
+
+    @property
+    def lake_catalog(self) -> Path:
+        return self.lake_dir / "catalog.sqlite"
+
+    @property
+    def lake_data(self) -> Path:
+        return self.lake_dir / "files"
+
+    @property
+    def extensions_dir(self) -> Path:
+        """DuckDB extension directory populated from the duckdb-extension-* wheels (no network)."""
+        return self.root / "duckdb_extensions"
+
+    @property
+    def dagster_home(self) -> Path:
+        return self.root / "dagster"
+
+    @property
+    def dbt_target(self) -> Path:
+        return self.root / "dbt" / "target"
+
+    @property
+    def dbt_logs(self) -> Path:
+        return self.root / "dbt" / "logs"
+
+    @property
+    def run_dir(self) -> Path:
+        """PID files and logs of processes started by `make run`."""
+        return self.root / "run"
+
+    def landing_partition(self, date: str) -> Path:
+        return self.landing_dir / f"date={date}"

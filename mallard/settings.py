@@ -1,0 +1,58 @@
+"""Typed runtime settings, read from MALLARD_* environment variables by a cached get_settings()."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from pathlib import Path
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(f"MALLARD_{name}", default)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Request limits; defaults from INTERFACE.md section 8."""
+
+    max_body_bytes: int = 1024 * 1024  # one request body: 1 MB, refused before parsing
+    max_call_bytes: int = 32 * 1024  # one call, or one batch item: 32 KB
+    rate_per_second: float = 100.0  # per token / writeKey
+    rate_burst: int = 500
+
+
+@dataclass(frozen=True)
+class Settings:
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 8000
+    # The log is rolled into a Parquet landing file every roll_interval_s or roll_max_bytes,
+    # whichever comes first: seconds bound freshness, bytes bound recovery time.
+    roll_interval_s: float = 2.0
+    roll_max_bytes: int = 16 * 1024 * 1024
+    # fsync can be turned off only for throwaway benchmarks of the framework itself.
+    fsync: bool = True
+    limits: Limits = field(default_factory=Limits)
+
+    def with_data_dir(self, data_dir: str | Path) -> Settings:
+        return replace(self, data_dir=Path(data_dir).resolve())
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    limits = Limits(
+        max_body_bytes=int(_env("MAX_BODY_BYTES", str(Limits.max_body_bytes))),
+        max_call_bytes=int(_env("MAX_CALL_BYTES", str(Limits.max_call_bytes))),
+        rate_per_second=float(_env("RATE_PER_SECOND", str(Limits.rate_per_second))),
+        rate_burst=int(_env("RATE_BURST", str(Limits.rate_burst))),
+    )
+    return Settings(
+        data_dir=Path(_env("DATA_DIR", "./data")).resolve(),
+        host=_env("HOST", "127.0.0.1"),
+        port=int(_env("PORT", "8000")),
+        roll_interval_s=float(_env("ROLL_INTERVAL_S", "2.0")),
+        roll_max_bytes=int(_env("ROLL_MAX_BYTES", str(16 * 1024 * 1024))),
+        fsync=_env("FSYNC", "1") not in ("0", "false", "no"),
+        limits=limits,
+    )

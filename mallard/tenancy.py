@@ -1,0 +1,276 @@
+"""The control store: clients, accounts, brands, scoped auth tokens and writeKeys (SQLite).
+
+Secrets are shown once at creation and stored only as SHA-256 hashes; a token is a random
+256-bit value, so a fast hash is enough (no password stretching needed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SCHEMA = """
+create table if not exists clients (client_id text primary key, created_at real not null);
+create table if not exists accounts (
+    client_id text not null references clients(client_id),
+    account_id text not null,
+    created_at real not null,
+    primary key (client_id, account_id)
+);
+create table if not exists brands (
+    client_id text not null,
+    account_id text not null,
+    brand_id text not null,
+    created_at real not null,
+    primary key (client_id, account_id, brand_id)
+);
+create table if not exists tokens (
+    token_id text primary key,
+    secret_hash text not null unique,
+    name text not null,
+    client_id text not null,
+    account_id text,
+    brand_id text,
+    kind text not null,
+    created_at real not null,
+    revoked_at real
+);
+create table if not exists write_keys (
+    key_hash text primary key,
+    key_prefix text not null,
+    client_id text not null,
+    account_id text not null,
+    brand_id text not null,
+    created_at real not null,
+    revoked_at real
+);
+"""
+
+# Scope kinds, widest first (INTERFACE.md section 5.2).
+SCOPE_KINDS = ("client", "account", "brands", "brand")
+
+
+class TenancyError(ValueError):
+    """A tenancy command was given something that does not exist or is malformed."""
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What a token may reach.
+
+    kind `client`: every account and brand of the client; `account`: one account, the data of
+    the account itself and its default brand; `brands`: one account and all of its brands;
+    `brand`: one brand of one account.
+    """
+
+    kind: str
+    client_id: str
+    account_id: str | None = None
+    brand_id: str | None = None
+
+    def allows(self, client_id: str, account_id: str, brand_id: str) -> bool:
+        if client_id != self.client_id:
+            return False
+        if self.kind == "client":
+            return True
+        if account_id != self.account_id:
+            return False
+        if self.kind == "brands":
+            return True
+        if self.kind == "account":
+            return brand_id == account_id.upper()
+        return brand_id == self.brand_id
+
+    def __str__(self) -> str:
+        parts = [self.client_id, self.account_id, self.brand_id]
+        return f"{self.kind}:" + "/".join(p for p in parts if p)
+
+    @classmethod
+    def parse(cls, text: str) -> Scope:
+        """`client:demo`, `account:demo/demo`, `brands:demo/demo`, `brand:demo/demo/DEMO`."""
+        kind, _, rest = text.partition(":")
+        parts = [p for p in rest.split("/") if p]
+        need = {"client": 1, "account": 2, "brands": 2, "brand": 3}.get(kind)
+        if need is None or len(parts) != need:
+            raise TenancyError(
+                f"bad scope {text!r}: use client:C, account:C/A, brands:C/A or brand:C/A/B"
+            )
+        return cls(kind, *parts)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Token:
+    token_id: str
+    name: str
+    scope: Scope
+    created_at: float
+    revoked_at: float | None
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a writeKey sends data."""
+
+    client_id: str
+    account_id: str
+    brand_id: str
+
+
+def _hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+class ControlStore:
+    """Thread-safe access to the control database; one short transaction per call."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        with self._conn() as conn:
+            conn.executescript(SCHEMA)
+
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            conn.execute("pragma journal_mode=wal")
+            conn.execute("pragma synchronous=full")
+            self._local.conn = conn
+        return conn
+
+    # --- clients, accounts, brands -------------------------------------------------------
+
+    def add_client(self, client_id: str) -> bool:
+        _check_id(client_id, "clientId", lower=True)
+        cur = self._conn().execute(
+            "insert or ignore into clients values (?, ?)", (client_id, time.time())
+        )
+        return cur.rowcount > 0
+
+    def add_account(self, client_id: str, account_id: str) -> bool:
+        _check_id(account_id, "accountId", lower=True)
+        self.add_client(client_id)
+        cur = self._conn().execute(
+            "insert or ignore into accounts values (?, ?, ?)", (client_id, account_id, time.time())
+        )
+        return cur.rowcount > 0
+
+    def add_brand(self, client_id: str, account_id: str, brand_id: str) -> bool:
+        _check_id(brand_id, "BRANDID", lower=False)
+        self.add_account(client_id, account_id)
+        cur = self._conn().execute(
+            "insert or ignore into brands values (?, ?, ?, ?)",
+            (client_id, account_id, brand_id, time.time()),
+        )
+        return cur.rowcount > 0
+
+    def brands(self, client_id: str, account_id: str) -> list[str]:
+        rows = self._conn().execute(
+            "select brand_id from brands where client_id=? and account_id=? order by brand_id",
+            (client_id, account_id),
+        ).fetchall()
+        return [r[0] for r in rows]
+
+    def accounts(self) -> list[tuple[str, str, list[str]]]:
+        rows = self._conn().execute(
+            "select client_id, account_id from accounts order by 1, 2"
+        ).fetchall()
+        return [(c, a, self.brands(c, a)) for c, a in rows]
+
+    def tenant_exists(self, client_id: str, account_id: str, brand_id: str) -> bool:
+        """A path's clientId/accountId/BRANDID names a configured brand (section 1 rules)."""
+        brands = self.brands(client_id, account_id)
+        if brands:
+            return brand_id in brands
+        row = self._conn().execute(
+            "select 1 from accounts where client_id=? and account_id=?", (client_id, account_id)
+        ).fetchone()
+        return row is not None and brand_id == account_id.upper()
+
+    # --- tokens ---------------------------------------------------------------------------
+
+    def create_token(self, scope: Scope, name: str = "") -> tuple[Token, str]:
+        """Returns the token and its secret; the secret is not kept and cannot be shown again."""
+        self._check_scope(scope)
+        token_id = secrets.token_hex(4)
+        secret = f"mlt_{token_id}_{secrets.token_urlsafe(32)}"
+        now = time.time()
+        self._conn().execute(
+            "insert into tokens values (?, ?, ?, ?, ?, ?, ?, ?, null)",
+            (token_id, _hash(secret), name, scope.client_id, scope.account_id,
+             scope.brand_id, scope.kind, now),
+        )
+        return Token(token_id, name, scope, now, None), secret
+
+    def list_tokens(self) -> list[Token]:
+        rows = self._conn().execute(
+            "select token_id, name, kind, client_id, account_id, brand_id, created_at, revoked_at"
+            " from tokens order by created_at"
+        ).fetchall()
+        return [Token(r[0], r[1], Scope(r[2], r[3], r[4], r[5]), r[6], r[7]) for r in rows]
+
+    def revoke_token(self, token_id: str) -> bool:
+        cur = self._conn().execute(
+            "update tokens set revoked_at=? where token_id=? and revoked_at is null",
+            (time.time(), token_id),
+        )
+        return cur.rowcount > 0
+
+    def authenticate(self, secret: str | None) -> Scope | None:
+        """The scope of a live token, or None. Checked per request, so revocation is immediate."""
+        if not secret:
+            return None
+        row = self._conn().execute(
+            "select kind, client_id, account_id, brand_id from tokens"
+            " where secret_hash=? and revoked_at is null",
+            (_hash(secret),),
+        ).fetchone()
+        return Scope(*row) if row else None
+
+    # --- writeKeys ------------------------------------------------------------------------
+
+    def create_write_key(self, client_id: str, account_id: str, brand_id: str) -> str:
+        if not self.tenant_exists(client_id, account_id, brand_id):
+            raise TenancyError(f"unknown brand {client_id}/{account_id}/{brand_id}")
+        key = f"wk_{secrets.token_urlsafe(24)}"
+        self._conn().execute(
+            "insert into write_keys values (?, ?, ?, ?, ?, ?, null)",
+            (_hash(key), key[:8], client_id, account_id, brand_id, time.time()),
+        )
+        return key
+
+    def resolve_write_key(self, key: str | None) -> Source | None:
+        if not key:
+            return None
+        row = self._conn().execute(
+            "select client_id, account_id, brand_id from write_keys"
+            " where key_hash=? and revoked_at is null",
+            (_hash(key),),
+        ).fetchone()
+        return Source(*row) if row else None
+
+    def _check_scope(self, scope: Scope) -> None:
+        known = {(c, a): b for c, a, b in self.accounts()}
+        if scope.kind == "client":
+            if not any(c == scope.client_id for c, _ in known):
+                raise TenancyError(f"unknown client {scope.client_id}")
+            return
+        if (scope.client_id, scope.account_id) not in known:
+            raise TenancyError(f"unknown account {scope.client_id}/{scope.account_id}")
+        if scope.kind == "brand" and not self.tenant_exists(
+            scope.client_id, scope.account_id or "", scope.brand_id or ""
+        ):
+            raise TenancyError(f"unknown brand {scope}")
+
+
+def _check_id(value: str, what: str, lower: bool) -> None:
+    ok = value and value.replace("-", "").replace("_", "").isalnum()
+    if not ok or (lower and value != value.lower()):
+        case = "lower-case " if lower else ""
+        raise TenancyError(f"{what} must be {case}letters, digits, '-' or '_': {value!r}")

@@ -1,0 +1,79 @@
+"""DuckDB connections to the DuckLake warehouse, with extensions loaded from site-packages only."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+from pathlib import Path
+
+import duckdb
+
+from mallard.paths import DataPaths
+
+LAKE = "lake"  # the alias every process attaches the warehouse under
+# (extension name DuckDB looks for, the wheel that ships it, the file inside that wheel)
+_EXTENSIONS = (
+    ("ducklake", "duckdb_extension_ducklake", "ducklake"),
+    ("sqlite_scanner", "duckdb_extension_sqlite", "sqlite"),
+    ("httpfs", "duckdb_extension_httpfs", "httpfs"),
+)
+
+
+def _platform_dir() -> str:
+    machine = platform.machine().lower()
+    arch = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}[machine]
+    system = "osx" if platform.system() == "Darwin" else "linux"
+    return f"{system}_{arch}"
+
+
+def ensure_extensions(paths: DataPaths) -> Path:
+    """Lay out the wheel-shipped extensions as a DuckDB extension directory (symlinks).
+
+    DuckDB then autoloads them by name, and nothing is ever installed from the network.
+    """
+    version = duckdb.__version__
+    target = paths.extensions_dir / f"v{version}" / _platform_dir()
+    target.mkdir(parents=True, exist_ok=True)
+    for name, module, filename in _EXTENSIONS:
+        link = target / f"{name}.duckdb_extension"
+        if link.exists():
+            continue
+        spec = importlib.util.find_spec(module)
+        if spec is None or not spec.submodule_search_locations:
+            raise RuntimeError(f"missing wheel {module}: run `make install`")
+        src = Path(next(iter(spec.submodule_search_locations))) / "extensions" / f"v{version}"
+        src_file = src / f"{filename}.duckdb_extension"
+        tmp = link.with_suffix(f".tmp{os.getpid()}")
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(src_file)
+        os.replace(tmp, link)
+    return paths.extensions_dir
+
+
+def duckdb_config(paths: DataPaths) -> dict[str, str]:
+    """Connection settings shared by every process, dbt's profile included."""
+    return {
+        "extension_directory": str(ensure_extensions(paths)),
+        "autoinstall_known_extensions": "false",
+        "autoload_known_extensions": "true",
+    }
+
+
+def lake_attach_sql(paths: DataPaths, read_only: bool = False) -> str:
+    opts = [f"DATA_PATH '{paths.lake_data}/'"]
+    if read_only:
+        opts.append("READ_ONLY")
+    return f"ATTACH IF NOT EXISTS 'ducklake:sqlite:{paths.lake_catalog}' AS {LAKE} ({', '.join(opts)})"
+
+
+def connect(paths: DataPaths, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB with the warehouse attached as `lake`.
+
+    Many processes may hold one at once: the API and analysts read committed snapshots
+    while the pipeline writes.
+    """
+    paths.lake_data.mkdir(parents=True, exist_ok=True)
+    conn = duckdb.connect(":memory:", config=duckdb_config(paths))
+    conn.execute(lake_attach_sql(paths, read_only=read_only))
+    return conn
