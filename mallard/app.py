@@ -1,0 +1,84 @@
+"""create_app(): the one ASGI app serving every address of the interface on one port.
+
+`/track/...` (ingestion and read API), `/cdp/...` (tag, mobile, preferences), `/v1/...`
+(Segment drop-in) and `/health`. Wires routes, shared state, error mapping and lifespan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from litestar import Litestar, MediaType, Request, Response, get
+from litestar.exceptions import HTTPException
+from litestar.openapi import OpenAPIConfig
+from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
+
+from mallard.errors import MallardError, error_body, family_of
+from mallard.paths import DataPaths
+from mallard.ratelimit import RateLimiter
+from mallard.settings import Settings, get_settings
+from mallard.tenancy import ControlStore
+
+# Framework errors keep their status; this gives them the code of our hierarchy.
+_HTTP_CODES = {400: "invalid_request_error", 401: "authentication_error", 403: "authentication_error",
+               404: "not_found", 405: "invalid_request_error", 413: "invalid_request_error",
+               429: "rate_limit_error"}
+
+
+def _json_error(request: Request, exc: Exception) -> Response[Any]:
+    family = family_of(request.url.path, request.method)
+    if isinstance(exc, MallardError):
+        status, body = error_body(exc, family)
+        headers = exc.headers
+    elif isinstance(exc, HTTPException):
+        err = MallardError(str(exc.detail))
+        err.status, err.code = exc.status_code, _HTTP_CODES.get(exc.status_code, "internal_server_error")
+        status, body = error_body(err, family)
+        headers = dict(exc.headers or {})
+    else:
+        request.logger.exception("unhandled error on %s", request.url.path)
+        status, body = error_body(MallardError("internal server error"), family)
+        status, headers = HTTP_500_INTERNAL_SERVER_ERROR, {}
+    return Response(body, status_code=status, headers=headers, media_type=MediaType.JSON)
+
+
+@get("/health", operation_id="health", include_in_schema=False, sync_to_thread=False)
+def health(request: Request) -> dict[str, Any]:
+    return {"status": "ok", "dataDir": str(request.app.state.paths.root)}
+
+
+def create_app(settings: Settings | None = None) -> Litestar:
+    from api.routes import ROUTES as API_ROUTES
+    from api.service import Warehouse
+    from collector.routes import ROUTES as COLLECTOR_ROUTES
+    from collector.service import Collector
+
+    settings = settings or get_settings()
+    paths = DataPaths(settings.data_dir)
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        app.state.collector = Collector(settings, paths)
+        await app.state.collector.start()
+        app.state.warehouse = Warehouse(paths)
+        try:
+            yield
+        finally:
+            await app.state.collector.stop()
+            app.state.warehouse.close()
+
+    app = Litestar(
+        route_handlers=[health, *COLLECTOR_ROUTES, *API_ROUTES],
+        lifespan=[lifespan],
+        exception_handlers={Exception: _json_error},
+        request_max_body_size=settings.limits.max_body_bytes,
+        openapi_config=OpenAPIConfig(title="Mallard", version="1", path="/schema"),
+        debug=False,
+    )
+    app.state.settings = settings
+    app.state.paths = paths
+    app.state.control = ControlStore(paths.control_db)
+    app.state.rate_limiter = RateLimiter(settings.limits.rate_per_second, settings.limits.rate_burst)
+    return app

@@ -1,0 +1,96 @@
+"""One exception hierarchy, and the one function that maps it to each interface's error body.
+
+Ingestion (`/track/.../v1/{identify,...}`, `/cdp/events/...`, `/v1/...`) answers
+`{success:false, message}`; the read APIs answer `{error:{code, message}}` (INTERFACE.md 7).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+Family = Literal["ingest", "read"]
+
+
+class MallardError(Exception):
+    status = 500
+    code = "internal_server_error"
+
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers = headers or {}
+
+
+class InvalidRequest(MallardError):
+    """A bad parameter or body (400)."""
+
+    status = 400
+    code = "invalid_request_error"
+
+
+class ValidationFailed(MallardError):
+    """A field failed validation, e.g. a profile id not `idType:id` (400)."""
+
+    status = 400
+    code = "validation_error"
+
+
+class Unauthenticated(MallardError):
+    """No valid secret (401 on the read API; 403 on ingestion, per INTERFACE.md 7)."""
+
+    status = 401
+    code = "authentication_error"
+
+
+class Forbidden(MallardError):
+    """A token not authorised for the account or brand (403)."""
+
+    status = 403
+    code = "authentication_error"
+
+
+class NotFound(MallardError):
+    status = 404
+    code = "not_found"
+
+
+class MethodNotAllowed(MallardError):
+    status = 405
+    code = "invalid_request_error"
+
+
+class PayloadTooLarge(MallardError):
+    status = 413
+    code = "invalid_request_error"
+
+
+class RateLimited(MallardError):
+    status = 429
+    code = "rate_limit_error"
+
+
+class Unavailable(MallardError):
+    """The write-ahead log cannot be written (disk full, I/O error) or the warehouse is down."""
+
+    status = 503
+    code = "internal_server_error"
+
+
+def family_of(path: str, method: str = "POST") -> Family:
+    """Which error body a path gets: ingestion writes answer like ingestion, reads like the API."""
+    if path.startswith("/cdp/events/") or path.startswith("/v1/"):
+        return "ingest"
+    if path.startswith("/track/") and method.upper() == "POST":
+        return "ingest"
+    return "read"
+
+
+def error_body(exc: MallardError, family: Family) -> tuple[int, dict[str, Any]]:
+    """The status and JSON body for an error, in the shape of the interface family."""
+    status = exc.status
+    if family == "ingest":
+        # Ingestion refuses a missing or unknown token with 403, not 401 (INTERFACE.md 5.5).
+        if isinstance(exc, Unauthenticated):
+            status = 403
+        return status, {"success": False, "message": exc.message}
+    return status, {"error": {"code": exc.code, "message": exc.message}}
