@@ -1,0 +1,240 @@
+"""The `mallard` command line: init, serve, pipeline run, tokens, accounts, writekeys, demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from mallard.paths import DataPaths
+from mallard.settings import get_settings
+from mallard.tenancy import ControlStore, Scope, TenancyError
+
+DEMO = ("demo", "demo", "DEMO")
+
+
+def _paths(args: argparse.Namespace) -> DataPaths:
+    return DataPaths(Path(args.data_dir).resolve())
+
+
+def _demo_file(paths: DataPaths) -> Path:
+    # The demo credentials are kept (0600, git-ignored) so `make run` can show them again;
+    # tokens made with `mallard tokens create` are shown once and never stored.
+    return paths.root / "demo-credentials.json"
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from mallard.warehouse import ensure_extensions
+    from orchestration.warehouse import ensure_warehouse
+
+    paths = _paths(args)
+    creds_file = _demo_file(paths)
+    if creds_file.exists():
+        creds = json.loads(creds_file.read_text())
+        ensure_warehouse(paths)
+        if args.json:
+            print(json.dumps(creds))
+        else:
+            print(f"{paths.root} is already initialised; nothing changed.")
+            _print_creds(creds)
+        return 0
+    paths.root.mkdir(parents=True, exist_ok=True)
+    for d in (paths.wal_dir, paths.landing_dir, paths.lake_data, paths.dagster_home, paths.run_dir):
+        d.mkdir(parents=True, exist_ok=True)
+    ensure_extensions(paths)
+    ensure_warehouse(paths)
+    control = ControlStore(paths.control_db)
+    client, account, brand = DEMO
+    control.add_brand(client, account, brand)
+    _, secret = control.create_token(Scope("client", client), name="demo (mallard init)")
+    write_key = control.create_write_key(client, account, brand)
+    creds = {"clientId": client, "accountId": account, "brandId": brand, "token": secret,
+             "writeKey": write_key, "dataDir": str(paths.root)}
+    fd = os.open(creds_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(creds, f)
+    if args.json:
+        print(json.dumps(creds))
+    else:
+        print(f"Initialised {paths.root}")
+        _print_creds(creds)
+    return 0
+
+
+def _print_creds(creds: dict[str, str]) -> None:
+    print(f"  client/account/brand: {creds['clientId']}/{creds['accountId']}/{creds['brandId']}")
+    print(f"  auth-token (all accounts of client {creds['clientId']}): {creds['token']}")
+    print(f"  writeKey: {creds['writeKey']}")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from mallard.app import create_app
+
+    settings = get_settings().with_data_dir(args.data_dir)
+    if not DataPaths(settings.data_dir).control_db.exists():
+        print(f"{settings.data_dir} is not initialised: run `mallard init` first", file=sys.stderr)
+        return 2
+    base = f"http://{args.host}:{args.port}"
+    print(f"Mallard serving {settings.data_dir}", flush=True)
+    print(f"  ingestion + read API: {base}/track/<clientId>/<accountId>/<BRANDID>/v1/", flush=True)
+    print(f"  tag, mobile, preferences: {base}/cdp/   health: {base}/health", flush=True)
+    print(f"  OpenAPI: {base}/schema", flush=True)
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level,
+                access_log=False, timeout_graceful_shutdown=10)
+    return 0
+
+
+def cmd_pipeline_run(args: argparse.Namespace) -> int:
+    from orchestration.pipeline import run_pipeline
+
+    results = run_pipeline(_paths(args).root)
+    ok = True
+    for step in results:
+        print(f"{'ok  ' if step.ok else 'FAIL'} {step.name}: {step.summary}", flush=True)
+        ok = ok and step.ok
+    return 0 if ok else 1
+
+
+def cmd_tokens(args: argparse.Namespace) -> int:
+    control = ControlStore(_paths(args).control_db)
+    if args.tokens_cmd == "create":
+        token, secret = control.create_token(Scope.parse(args.scope), name=args.name or "")
+        if args.json:
+            print(json.dumps({"tokenId": token.token_id, "scope": str(token.scope), "token": secret}))
+        else:
+            print(f"token {token.token_id} ({token.scope}); shown once, store it now:\n{secret}")
+    elif args.tokens_cmd == "list":
+        rows = [{"tokenId": t.token_id, "name": t.name, "scope": str(t.scope),
+                 "revoked": t.revoked_at is not None} for t in control.list_tokens()]
+        _table(rows, args.json)
+    elif args.tokens_cmd == "revoke":
+        if not control.revoke_token(args.token_id):
+            print(f"no live token {args.token_id}", file=sys.stderr)
+            return 1
+        print(f"revoked {args.token_id}")
+    return 0
+
+
+def cmd_accounts(args: argparse.Namespace) -> int:
+    control = ControlStore(_paths(args).control_db)
+    if args.accounts_cmd == "add":
+        created = control.add_account(args.client_id, args.account_id or args.client_id)
+        for brand in args.brand or []:
+            control.add_brand(args.client_id, args.account_id or args.client_id, brand)
+        print("added" if created else "exists")
+    elif args.accounts_cmd == "list":
+        rows = [{"clientId": c, "accountId": a,
+                 "brands": ",".join(b) or f"{a.upper()} (default)"} for c, a, b in control.accounts()]
+        _table(rows, args.json)
+    return 0
+
+
+def cmd_writekeys(args: argparse.Namespace) -> int:
+    control = ControlStore(_paths(args).control_db)
+    account = args.account_id or args.client_id
+    key = control.create_write_key(args.client_id, account, args.brand_id or account.upper())
+    print(key)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from mallard.demo import send_demo_traffic
+
+    paths = _paths(args)
+    creds = json.loads(_demo_file(paths).read_text())
+    n = send_demo_traffic(args.url, creds)
+    print(f"sent {n} demo messages to {args.url}")
+    return 0
+
+
+def _table(rows: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(rows))
+        return
+    if not rows:
+        print("(none)")
+        return
+    cols = list(rows[0])
+    widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in cols]
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
+    for r in rows:
+        print("  ".join(str(r[c]).ljust(w) for c, w in zip(cols, widths, strict=True)))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    default_dir = os.environ.get("MALLARD_DATA_DIR", "./data")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--data-dir", default=default_dir,
+                        help="data directory (default: $MALLARD_DATA_DIR or ./data)")
+    p = argparse.ArgumentParser(prog="mallard", description="Mallard customer data platform")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("init", parents=[common], help="create the data dir and a demo tenant")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_init)
+
+    s = sub.add_parser("serve", parents=[common], help="serve every route on one port")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--log-level", default="warning")
+    s.set_defaults(fn=cmd_serve)
+
+    s = sub.add_parser("pipeline", help="run the pipeline")
+    pipe = s.add_subparsers(dest="pipeline_cmd", required=True)
+    r = pipe.add_parser("run", parents=[common], help="load new landing files, dbt build, jobs")
+    r.set_defaults(fn=cmd_pipeline_run)
+
+    s = sub.add_parser("tokens", help="auth tokens (shown once, stored hashed)")
+    t = s.add_subparsers(dest="tokens_cmd", required=True)
+    c = t.add_parser("create", parents=[common])
+    c.add_argument("--scope", required=True,
+                   help="client:C | account:C/A | brands:C/A | brand:C/A/BRAND")
+    c.add_argument("--name", default="")
+    c.add_argument("--json", action="store_true")
+    c = t.add_parser("list", parents=[common])
+    c.add_argument("--json", action="store_true")
+    c = t.add_parser("revoke", parents=[common])
+    c.add_argument("token_id")
+    s.set_defaults(fn=cmd_tokens)
+
+    s = sub.add_parser("accounts", help="clients, accounts and brands")
+    a = s.add_subparsers(dest="accounts_cmd", required=True)
+    c = a.add_parser("add", parents=[common])
+    c.add_argument("client_id")
+    c.add_argument("account_id", nargs="?")
+    c.add_argument("--brand", action="append", help="a brand id (repeatable)")
+    c = a.add_parser("list", parents=[common])
+    c.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_accounts)
+
+    s = sub.add_parser("writekeys", help="writeKeys for the tag and mobile endpoints")
+    w = s.add_subparsers(dest="writekeys_cmd", required=True)
+    c = w.add_parser("create", parents=[common])
+    c.add_argument("client_id")
+    c.add_argument("account_id", nargs="?")
+    c.add_argument("brand_id", nargs="?")
+    s.set_defaults(fn=cmd_writekeys)
+
+    s = sub.add_parser("demo", parents=[common], help="send demo traffic to a running server")
+    s.add_argument("--url", default="http://127.0.0.1:8000")
+    s.set_defaults(fn=cmd_demo)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.fn(args))
+    except TenancyError as e:
+        print(f"mallard: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
