@@ -143,6 +143,12 @@ def cmd_writekeys(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_up(args: argparse.Namespace) -> int:
+    from mallard.up import up
+
+    return up(Path(args.data_dir), args.port, args.dagster_port)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from mallard.demo import send_demo_traffic
 
@@ -220,6 +226,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("account_id", nargs="?")
     c.add_argument("brand_id", nargs="?")
     s.set_defaults(fn=cmd_writekeys)
+
+    s = sub.add_parser("up", parents=[common], help="init, serve, demo data, pipeline, Dagster UI")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--dagster-port", type=int, default=3000)
+    s.set_defaults(fn=cmd_up)
 
     s = sub.add_parser("demo", parents=[common], help="send demo traffic to a running server")
     s.add_argument("--url", default="http://127.0.0.1:8000")

@@ -116,9 +116,10 @@ def server_factory(tmp_path: Path) -> Iterator[Any]:
     started: list[Server] = []
 
     def make(data_dir: Path | None = None, env: dict[str, str] | None = None) -> Server:
+        env = {"MALLARD_ROLL_INTERVAL_S": "0.3", **(env or {})}
         d = data_dir or tmp_path / f"data{len(started)}"
         creds = init_data_dir(d)
-        srv = Server(d, free_port(), creds, env=env or {})
+        srv = Server(d, free_port(), creds, env=env)
         srv.start()
         started.append(srv)
         return srv
@@ -131,3 +132,25 @@ def server_factory(tmp_path: Path) -> Iterator[Any]:
 @pytest.fixture
 def server(server_factory: Any) -> Server:
     return server_factory()
+
+
+def landed_event_ids(data_dir: Path) -> list[str]:
+    """Every eventId in the landing files (duplicates kept, so tests can count them)."""
+    import pyarrow.parquet as pq
+
+    ids: list[str] = []
+    for f in sorted((data_dir / "landing").glob("date=*/*.parquet")):
+        ids += pq.read_table(f, columns=["event_id"]).column("event_id").to_pylist()
+    return ids
+
+
+def wait_landed(data_dir: Path, event_ids: list[str], timeout: float = 30) -> None:
+    """Wait until the collector has rolled these acknowledged messages into landing files."""
+    deadline = time.monotonic() + timeout
+    want = set(event_ids)
+    while time.monotonic() < deadline:
+        if want <= set(landed_event_ids(data_dir)):
+            return
+        time.sleep(0.1)
+    missing = want - set(landed_event_ids(data_dir))
+    raise AssertionError(f"{len(missing)} acknowledged messages not landed after {timeout}s")

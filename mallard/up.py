@@ -1,0 +1,108 @@
+"""`mallard up` (what `make run` calls): init, serve, demo data, pipeline, Dagster UI; Ctrl-C stops all."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from mallard.paths import DataPaths
+
+
+def _wait_http(url: str, proc: subprocess.Popen[bytes], what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{what} exited with {proc.returncode}; see its log in data/run/")
+        try:
+            if httpx.get(url, timeout=1).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"{what} did not answer at {url} within {timeout:.0f}s")
+
+
+def up(data_dir: Path, port: int, dagster_port: int) -> int:
+    paths = DataPaths(data_dir.resolve())
+    env = {**os.environ, "MALLARD_DATA_DIR": str(paths.root), "DAGSTER_HOME": str(paths.dagster_home),
+           "DO_NOT_TRACK": "1", "DAGSTER_DISABLE_TELEMETRY": "1"}
+    mallard = [sys.executable, "-m", "mallard.cli"]
+    first_time = not (paths.root / "demo-credentials.json").exists()
+    init = subprocess.run([*mallard, "init", "--json"], env=env, capture_output=True, text=True)
+    if init.returncode:
+        sys.stderr.write(init.stderr)
+        return init.returncode
+    creds = json.loads(init.stdout)
+    paths.run_dir.mkdir(parents=True, exist_ok=True)
+    procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+
+    def start(name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
+        log = open(paths.run_dir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        (paths.run_dir / f"{name}.pid").write_text(str(proc.pid))
+        procs.append((name, proc))
+        return proc
+
+    def stop_all(*_: object) -> None:
+        for name, proc in reversed(procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for name, proc in reversed(procs):
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            (paths.run_dir / f"{name}.pid").unlink(missing_ok=True)
+
+    signal.signal(signal.SIGTERM, lambda *_: (stop_all(), sys.exit(0)))
+    try:
+        url = f"http://127.0.0.1:{port}"
+        server = start("server", [*mallard, "serve", "--port", str(port)])
+        _wait_http(f"{url}/health", server, "mallard serve")
+        if first_time:
+            from mallard.demo import send_demo_traffic
+
+            print(f"sent {send_demo_traffic(url, creds)} demo messages", flush=True)
+            # The collector rolls its log into landing files every few seconds.
+            time.sleep(float(os.environ.get("MALLARD_ROLL_INTERVAL_S", "2.0")) + 1)
+        pipe = subprocess.run([*mallard, "pipeline", "run"], env=env)
+        if pipe.returncode:
+            print("pipeline run failed; the server keeps running", file=sys.stderr)
+        dagster_bin = Path(sys.executable).parent
+        ui = start("dagster-webserver", [str(dagster_bin / "dagster-webserver"), "-m",
+                   "orchestration.definitions", "-h", "127.0.0.1", "-p", str(dagster_port)])
+        start("dagster-daemon", [str(dagster_bin / "dagster-daemon"), "run", "-m",
+              "orchestration.definitions"])
+        _wait_http(f"http://127.0.0.1:{dagster_port}/server_info", ui, "dagster-webserver")
+        base = f"{url}/track/{creds['clientId']}/{creds['accountId']}/{creds['brandId']}/v1"
+        print(f"""
+Mallard is running (data in {paths.root}; logs in {paths.run_dir}).
+  Server (ingestion, read API, tag): {url}      health: {url}/health   OpenAPI: {url}/schema
+  Dagster UI:                        http://127.0.0.1:{dagster_port}
+  auth-token: {creds['token']}
+  writeKey:   {creds['writeKey']}
+
+Try:
+  curl -s -X POST {base}/track -H 'auth-token: {creds['token']}' \\
+       -H 'content-type: application/json' -d '{{"userId":"u-1001","event":"Clicked Hello"}}'
+  curl -s '{base}/events/?size=5' -H 'auth-token: {creds['token']}'
+  curl -s {base}/profiles/userId:u-1001/traits -H 'auth-token: {creds['token']}'
+Press Ctrl-C to stop.""", flush=True)
+        while all(p.poll() is None for _, p in procs):
+            time.sleep(1)
+        dead = [n for n, p in procs if p.poll() is not None]
+        print(f"stopped: {', '.join(dead)} exited; see {paths.run_dir}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nstopping...", flush=True)
+        return 0
+    finally:
+        stop_all()

@@ -1,0 +1,95 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mallard.tenancy import ControlStore, Scope, TenancyError
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> ControlStore:
+    s = ControlStore(tmp_path / "control.sqlite")
+    s.add_brand("acme", "shop", "SHOP")
+    s.add_brand("acme", "shop", "OUTLET")
+    s.add_account("acme", "acme")  # single-brand account: BRANDID = ACME
+    return s
+
+
+@pytest.mark.parametrize(
+    ("scope", "path", "allowed"),
+    [
+        ("client:acme", ("acme", "shop", "OUTLET"), True),
+        ("client:acme", ("other", "shop", "SHOP"), False),
+        ("account:acme/shop", ("acme", "shop", "SHOP"), True),
+        ("account:acme/shop", ("acme", "shop", "OUTLET"), False),
+        ("account:acme/shop", ("acme", "acme", "ACME"), False),
+        ("brands:acme/shop", ("acme", "shop", "OUTLET"), True),
+        ("brands:acme/shop", ("acme", "acme", "ACME"), False),
+        ("brand:acme/shop/OUTLET", ("acme", "shop", "OUTLET"), True),
+        ("brand:acme/shop/OUTLET", ("acme", "shop", "SHOP"), False),
+    ],
+)
+def test_scope_allows(scope: str, path: tuple[str, str, str], allowed: bool) -> None:
+    assert Scope.parse(scope).allows(*path) is allowed
+
+
+@pytest.mark.parametrize("bad", ["client:", "account:acme", "brand:acme/shop", "all:acme", "x"])
+def test_bad_scope_is_refused(bad: str) -> None:
+    with pytest.raises(TenancyError):
+        Scope.parse(bad)
+
+
+def test_tenant_rules_of_section_1(store: ControlStore) -> None:
+    assert store.tenant_exists("acme", "shop", "OUTLET")
+    assert not store.tenant_exists("acme", "shop", "SHOPX")
+    # With brands configured, the default upper-case brand does not exist unless configured.
+    assert not store.tenant_exists("acme", "shop", "SHOPPY")
+    assert store.tenant_exists("acme", "acme", "ACME")
+    assert not store.tenant_exists("acme", "acme", "acme")
+    assert not store.tenant_exists("nobody", "nobody", "NOBODY")
+
+
+def test_ids_must_be_lower_case(store: ControlStore) -> None:
+    with pytest.raises(TenancyError):
+        store.add_account("Acme", "acme")
+    with pytest.raises(TenancyError):
+        store.add_account("acme", "Shop")
+
+
+def test_token_lifecycle(store: ControlStore) -> None:
+    token, secret = store.create_token(Scope.parse("brand:acme/shop/SHOP"), name="ci")
+    assert store.authenticate(secret) == Scope("brand", "acme", "shop", "SHOP")
+    assert store.authenticate(secret + "x") is None
+    assert store.authenticate(None) is None
+    listed = store.list_tokens()
+    assert [t.token_id for t in listed] == [token.token_id]
+    assert secret not in repr(listed)
+    assert store.revoke_token(token.token_id)
+    assert store.authenticate(secret) is None
+    assert not store.revoke_token(token.token_id)
+
+
+def test_secrets_are_stored_hashed(store: ControlStore, tmp_path: Path) -> None:
+    _, secret = store.create_token(Scope.parse("client:acme"))
+    key = store.create_write_key("acme", "shop", "SHOP")
+    raw = (tmp_path / "control.sqlite").read_bytes()
+    wal = tmp_path / "control.sqlite-wal"
+    raw += wal.read_bytes() if wal.exists() else b""
+    assert secret.encode() not in raw
+    assert key.encode() not in raw
+
+
+def test_token_for_unknown_tenant_is_refused(store: ControlStore) -> None:
+    with pytest.raises(TenancyError):
+        store.create_token(Scope.parse("brand:acme/shop/NOPE"))
+    with pytest.raises(TenancyError):
+        store.create_token(Scope.parse("client:nobody"))
+
+
+def test_write_keys_resolve_to_their_brand(store: ControlStore) -> None:
+    key = store.create_write_key("acme", "shop", "OUTLET")
+    src = store.resolve_write_key(key)
+    assert src is not None and (src.client_id, src.account_id, src.brand_id) == (
+        "acme", "shop", "OUTLET")
+    assert store.resolve_write_key("wk_nope") is None
