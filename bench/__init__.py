@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m bench --quick|--full` runs every scenario and writes bench/results/."""
