@@ -15,6 +15,7 @@ from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
+from mallard.config import apply_tenants
 from mallard.errors import MallardError, error_body, family_of
 from mallard.paths import DataPaths
 from mallard.ratelimit import RateLimiter
@@ -80,5 +81,6 @@ def create_app(settings: Settings | None = None) -> Litestar:
     app.state.settings = settings
     app.state.paths = paths
     app.state.control = ControlStore(paths.control_db)
+    apply_tenants(app.state.control)
     app.state.rate_limiter = RateLimiter(settings.limits.rate_per_second, settings.limits.rate_burst)
     return app

@@ -28,6 +28,7 @@ def _demo_file(paths: DataPaths) -> Path:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
+    from mallard.config import apply_tenants
     from mallard.warehouse import ensure_extensions
     from orchestration.warehouse import ensure_warehouse
 
@@ -48,8 +49,9 @@ def cmd_init(args: argparse.Namespace) -> int:
     ensure_extensions(paths)
     ensure_warehouse(paths)
     control = ControlStore(paths.control_db)
+    apply_tenants(control)
     client, account, brand = DEMO
-    control.add_brand(client, account, brand)
+    control.add_account(client, account)
     _, secret = control.create_token(Scope("client", client), name="demo (mallard init)")
     write_key = control.create_write_key(client, account, brand)
     creds = {"clientId": client, "accountId": account, "brandId": brand, "token": secret,
@@ -128,6 +130,12 @@ def cmd_accounts(args: argparse.Namespace) -> int:
         for brand in args.brand or []:
             control.add_brand(args.client_id, args.account_id or args.client_id, brand)
         print("added" if created else "exists")
+    elif args.accounts_cmd == "sync":
+        from mallard.config import apply_tenants, config_dir
+
+        path = Path(args.file) if args.file else config_dir() / "tenants.toml"
+        added = apply_tenants(control, path)
+        print(f"{path}: " + (f"added {', '.join(added)}" if added else "nothing to add"))
     elif args.accounts_cmd == "list":
         rows = [{"clientId": c, "accountId": a,
                  "brands": ",".join(b) or f"{a.upper()} (default)"} for c, a, b in control.accounts()]
@@ -137,9 +145,19 @@ def cmd_accounts(args: argparse.Namespace) -> int:
 
 def cmd_writekeys(args: argparse.Namespace) -> int:
     control = ControlStore(_paths(args).control_db)
+    if args.writekeys_cmd == "list":
+        _table(control.list_write_keys(), args.json)
+        return 0
+    if args.writekeys_cmd == "revoke":
+        n = control.revoke_write_key(args.key)
+        print(f"revoked {n} writeKey(s)")
+        return 0 if n else 1
     account = args.account_id or args.client_id
-    key = control.create_write_key(args.client_id, account, args.brand_id or account.upper())
-    print(key)
+    brand = args.brand_id or account.upper()
+    if args.writekeys_cmd == "rotate":
+        print(control.rotate_write_key(args.client_id, account, brand))
+    else:
+        print(control.create_write_key(args.client_id, account, brand))
     return 0
 
 
@@ -217,14 +235,21 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--brand", action="append", help="a brand id (repeatable)")
     c = a.add_parser("list", parents=[common])
     c.add_argument("--json", action="store_true")
+    c = a.add_parser("sync", parents=[common], help="apply config/tenants.toml (adds only)")
+    c.add_argument("--file", help="tenants file (default: $MALLARD_CONFIG_DIR/tenants.toml)")
     s.set_defaults(fn=cmd_accounts)
 
     s = sub.add_parser("writekeys", help="writeKeys for the tag and mobile endpoints")
     w = s.add_subparsers(dest="writekeys_cmd", required=True)
-    c = w.add_parser("create", parents=[common])
-    c.add_argument("client_id")
-    c.add_argument("account_id", nargs="?")
-    c.add_argument("brand_id", nargs="?")
+    for verb, text in (("create", "a new writeKey"), ("rotate", "a new writeKey; older ones stop")):
+        c = w.add_parser(verb, parents=[common], help=text)
+        c.add_argument("client_id")
+        c.add_argument("account_id", nargs="?")
+        c.add_argument("brand_id", nargs="?")
+    c = w.add_parser("list", parents=[common], help="writeKeys by prefix (never the secret)")
+    c.add_argument("--json", action="store_true")
+    c = w.add_parser("revoke", parents=[common], help="revoke by key or its prefix")
+    c.add_argument("key")
     s.set_defaults(fn=cmd_writekeys)
 
     s = sub.add_parser("up", parents=[common], help="init, serve, demo data, pipeline, Dagster UI")

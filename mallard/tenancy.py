@@ -241,9 +241,35 @@ class ControlStore:
         key = f"wk_{secrets.token_urlsafe(24)}"
         self._conn().execute(
             "insert into write_keys values (?, ?, ?, ?, ?, ?, null)",
-            (_hash(key), key[:8], client_id, account_id, brand_id, time.time()),
+            (_hash(key), key[:11], client_id, account_id, brand_id, time.time()),
         )
         return key
+
+    def list_write_keys(self) -> list[dict[str, object]]:
+        rows = self._conn().execute(
+            "select key_prefix, client_id, account_id, brand_id, created_at, revoked_at"
+            " from write_keys order by created_at"
+        ).fetchall()
+        return [{"prefix": r[0], "clientId": r[1], "accountId": r[2], "brandId": r[3],
+                 "createdAt": r[4], "revoked": r[5] is not None} for r in rows]
+
+    def rotate_write_key(self, client_id: str, account_id: str, brand_id: str) -> str:
+        """A new writeKey for the brand; every older key of the brand stops working at once."""
+        key = self.create_write_key(client_id, account_id, brand_id)
+        self._conn().execute(
+            "update write_keys set revoked_at=? where client_id=? and account_id=? and brand_id=?"
+            " and revoked_at is null and key_hash<>?",
+            (time.time(), client_id, account_id, brand_id, _hash(key)),
+        )
+        return key
+
+    def revoke_write_key(self, key_or_prefix: str) -> int:
+        cur = self._conn().execute(
+            "update write_keys set revoked_at=? where revoked_at is null"
+            " and (key_hash=? or key_prefix=?)",
+            (time.time(), _hash(key_or_prefix), key_or_prefix[:11]),
+        )
+        return cur.rowcount
 
     def resolve_write_key(self, key: str | None) -> Source | None:
         if not key:

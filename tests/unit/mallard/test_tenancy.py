@@ -93,3 +93,33 @@ def test_write_keys_resolve_to_their_brand(store: ControlStore) -> None:
     assert src is not None and (src.client_id, src.account_id, src.brand_id) == (
         "acme", "shop", "OUTLET")
     assert store.resolve_write_key("wk_nope") is None
+
+
+def test_write_key_rotation_stops_older_keys(store: ControlStore) -> None:
+    old = store.create_write_key("acme", "shop", "SHOP")
+    other_brand = store.create_write_key("acme", "shop", "OUTLET")
+    new = store.rotate_write_key("acme", "shop", "SHOP")
+    assert store.resolve_write_key(old) is None
+    assert store.resolve_write_key(new) is not None
+    assert store.resolve_write_key(other_brand) is not None
+    listed = store.list_write_keys()
+    assert all(new not in str(row) for row in listed)
+    assert store.revoke_write_key(new[:11]) == 1
+    assert store.resolve_write_key(new) is None
+
+
+def test_tenants_file_is_applied_additively(tmp_path: Path) -> None:
+    from mallard.config import apply_tenants
+
+    f = tmp_path / "tenants.toml"
+    f.write_text('[clients.acme.accounts.shop]\nbrands = ["SHOP", "OUTLET"]\n'
+                 "[clients.solo.accounts.solo]\n")
+    store = ControlStore(tmp_path / "c.sqlite")
+    assert apply_tenants(store, f) == ["acme/shop", "acme/shop/SHOP", "acme/shop/OUTLET",
+                                       "solo/solo"]
+    assert apply_tenants(store, f) == []
+    assert store.tenant_exists("solo", "solo", "SOLO")
+    assert store.tenant_exists("acme", "shop", "OUTLET")
+    f.write_text("[clients.acme.accounts.shop]\nbrands = 3\n")
+    with pytest.raises(TenancyError):
+        apply_tenants(store, f)
