@@ -1,0 +1,127 @@
+"""Every tenant route x every kind of credential: status and body (INTERFACE.md 5 and 7).
+
+The routes come from the app itself, so a new route cannot be left out of the matrix.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import Server, free_port, init_data_dir, mallard
+
+TENANT = {"clientId": "acme", "accountId": "shop", "BRANDID": "SHOP"}
+# A concrete value for every other path parameter a tenant route may have.
+OTHER_PARAMS = {"action": "track", "profileId": "userId:nobody", "endpoint": "traits",
+                "eventId": "01a2e4c0-0000-7000-8000-000000000000", "regulationId": "r-1"}
+BODIES = {
+    "identify": {"userId": "m-1", "event": "identify", "traits": {"plan": "pro"}},
+    "track": {"userId": "m-1", "event": "Matrix Checked"},
+    "page": {"userId": "m-1", "event": "page"},
+    "screen": {"userId": "m-1", "name": "Home"},
+    "batch": {"batch": [{"type": "track", "userId": "m-1", "event": "Matrix Checked"}]},
+}
+
+
+def tenant_routes() -> list[tuple[str, str]]:
+    """(method, concrete path) for every route of the app under /track/{client}/{account}/{BRAND}."""
+    from mallard.app import create_app
+    from mallard.settings import get_settings
+
+    app = create_app(get_settings().with_data_dir(Path("/tmp/mallard-route-listing")))
+    out = []
+    for route in app.routes:
+        if not route.path.startswith("/track/{"):
+            continue
+        for method in sorted(getattr(route, "methods", set()) - {"OPTIONS", "HEAD"}):
+            def fill(m: re.Match[str]) -> str:
+                name = m.group(1).split(":")[0]
+                return TENANT.get(name) or OTHER_PARAMS.get(name) or "x"
+            path = re.sub(r"\{([^}]+)\}", fill, route.path)
+            out.append((method, path))
+    return sorted(set(out))
+
+
+ROUTES = tenant_routes()
+
+
+def test_matrix_covers_ingestion_and_read_routes() -> None:
+    paths = [p for _, p in ROUTES]
+    for action in BODIES:
+        assert any(p.endswith(f"/v1/{action}") for p in paths), action
+    assert any("/v1/events" in p for p in paths)
+    assert any("/v1/profiles" in p for p in paths)
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, dict[str, str]]]:
+    d = tmp_path_factory.mktemp("matrix") / "data"
+    creds = init_data_dir(d)
+    mallard("accounts", "add", "acme", "shop", "--brand", "SHOP", "--brand", "OUTLET",
+            data_dir=d)
+    tokens = {}
+    for kind, scope in [("client", "client:acme"), ("account", "account:acme/shop"),
+                        ("brands", "brands:acme/shop"), ("brand", "brand:acme/shop/SHOP"),
+                        ("other_brand", "brand:acme/shop/OUTLET"), ("other_client", "client:demo"),
+                        ("revoked", "client:acme")]:
+        out = json.loads(mallard("tokens", "create", "--scope", scope, "--json",
+                                 data_dir=d).stdout)
+        tokens[kind] = out["token"]
+        if kind == "revoked":
+            mallard("tokens", "revoke", out["tokenId"], data_dir=d)
+    tokens["unknown"] = "mlt_00000000_not-a-token"
+    server = Server(d, free_port(), creds, env={"MALLARD_RATE_BURST": "100000"})
+    server.start()
+    yield server, tokens
+    server.stop()
+
+
+ALLOWED = ("client", "account", "brands", "brand")
+DENIED = ("other_brand", "other_client")
+UNAUTHENTICATED = ("revoked", "unknown", "none")
+
+
+@pytest.mark.parametrize("credential", ALLOWED + DENIED + UNAUTHENTICATED)
+@pytest.mark.parametrize(("method", "path"), ROUTES, ids=[f"{m} {p}" for m, p in ROUTES])
+def test_route_by_credential(srv: tuple[Server, dict[str, str]], method: str, path: str,
+                             credential: str) -> None:
+    server, tokens = srv
+    headers = {"content-type": "application/json"}
+    if credential != "none":
+        headers["auth-token"] = tokens[credential]
+    action = path.rsplit("/", 1)[-1]
+    body = BODIES.get(action) if method == "POST" else None
+    r = httpx.request(method, server.url + path, headers=headers, json=body, timeout=30)
+    ingest = method == "POST"
+    assert r.headers["content-type"].startswith("application/json")
+    if credential in ALLOWED:
+        assert r.status_code not in (401, 403), r.text
+        if ingest:
+            assert r.status_code == 200 and r.json()["success"] is True, r.text
+        return
+    if ingest:
+        assert r.status_code == 403, r.text
+        assert r.json()["success"] is False and r.json()["message"]
+    else:
+        expected = 403 if credential in DENIED else 401
+        assert r.status_code == expected, r.text
+        assert r.json()["error"]["code"] == "authentication_error"
+        assert r.json()["error"]["message"]
+    # A secret never echoes back.
+    for t in tokens.values():
+        assert t not in r.text
+
+
+@pytest.mark.parametrize("path", ["/track/acme/nope/NOPE/v1/track", "/track/acme/shop/NOPE/v1/track",
+                                  "/track/acme/shop/shop/v1/track"])
+def test_unknown_tenant_is_refused_like_out_of_scope(srv: tuple[Server, dict[str, str]],
+                                                     path: str) -> None:
+    server, tokens = srv
+    r = httpx.post(server.url + path, json=BODIES["track"], timeout=30,
+                   headers={"auth-token": tokens["client"]})
+    assert r.status_code == 403 and r.json()["success"] is False
