@@ -125,3 +125,15 @@ def test_unknown_tenant_is_refused_like_out_of_scope(srv: tuple[Server, dict[str
     r = httpx.post(server.url + path, json=BODIES["track"], timeout=30,
                    headers={"auth-token": tokens["client"]})
     assert r.status_code == 403 and r.json()["success"] is False
+
+
+def test_secrets_never_reach_logs_or_data(srv: tuple[Server, dict[str, str]]) -> None:
+    """Runs after the matrix: no token appears in the server log or any file of the data dir."""
+    server, tokens = srv
+    secrets = [t for k, t in tokens.items() if k != "unknown"]
+    for f in server.data_dir.rglob("*"):
+        if not f.is_file() or f.name == "demo-credentials.json" or f.is_symlink():
+            continue
+        data = f.read_bytes()
+        for s in secrets:
+            assert s.encode() not in data, f"a token is stored in {f}"
