@@ -34,8 +34,12 @@ def machine() -> str:
 
 
 def report(results: dict[str, dict | None]) -> str:
-    lines = [f"# Mallard benchmarks\n\nMachine: {machine()}  \nDate: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n",
-             "| scenario | metric | value | goal | met |", "|---|---|---|---|---|"]
+    lines = [
+        f"# Mallard benchmarks\n\nMachine: {machine()}  \n"
+        f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n",
+        "| scenario | metric | value | goal | met |",
+        "|---|---|---|---|---|",
+    ]
     for name, res in results.items():
         if res is None:
             lines.append(f"| {name} | (failed or not available) | | | |")
@@ -44,8 +48,15 @@ def report(results: dict[str, dict | None]) -> str:
             ok = row.get("ok")
             met = "" if ok is None else ("yes" if ok else "**no**")
             val = row["value"]
-            val = f"{val:,.2f}" if isinstance(val, float) else f"{val:,}" if isinstance(val, int) else val
-            lines.append(f"| {name} | {row['metric']} | {val} {row.get('unit', '')} | {row.get('goal', '')} | {met} |")
+            val = (
+                f"{val:,.2f}"
+                if isinstance(val, float)
+                else f"{val:,}"
+                if isinstance(val, int)
+                else val
+            )
+            unit, goal = row.get("unit", ""), row.get("goal", "")
+            lines.append(f"| {name} | {row['metric']} | {val} {unit} | {goal} | {met} |")
     return "\n".join(lines) + "\n"
 
 

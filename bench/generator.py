@@ -19,12 +19,26 @@ import pyarrow as pa
 
 from mallard.schemas import LANDING_SCHEMA, STORED_VERSION
 
-EVENTS = ["Product Viewed", "Product Added", "Checkout Started", "Order Completed",
-          "Logged In", "Signed Up", "Email Opened", "Search Performed", "Video Played"]
+EVENTS = [
+    "Product Viewed",
+    "Product Added",
+    "Checkout Started",
+    "Order Completed",
+    "Logged In",
+    "Signed Up",
+    "Email Opened",
+    "Search Performed",
+    "Video Played",
+]
 PLANS = ["free", "pro", "team", "enterprise"]
 CITIES = ["Lisbon", "Berlin", "Austin", "Osaka", "Nairobi", "Lima", "Oslo", "Pune"]
-CAMPAIGNS = [None, None, None, {"name": "spring", "source": "newsletter", "medium": "email"},
-             {"name": "brand", "source": "google", "medium": "cpc"}]
+CAMPAIGNS = [
+    None,
+    None,
+    None,
+    {"name": "spring", "source": "newsletter", "medium": "email"},
+    {"name": "brand", "source": "google", "medium": "cpc"},
+]
 _enc = msgspec.json.Encoder()
 
 
@@ -65,7 +79,8 @@ class Traffic:
             user_id = f"user-{c}"
             never = c < self.customers * self.never_identified_share
             browsing_anonymously = never or (
-                c not in identified and rng.random() < self.anonymous_share)
+                c not in identified and rng.random() < self.anonymous_share
+            )
             kind = rng.choices(["identify", "track", "page", "screen"], [10, 60, 25, 5])[0]
             if never and kind == "identify":
                 kind = "page"
@@ -79,27 +94,43 @@ class Traffic:
                 if kind == "identify":
                     msg["anonymousId"] = anon_id
                     identified.add(c)
-            ctx: dict[str, Any] = {"userAgent": "Mozilla/5.0 (X11; Linux x86_64) Bench/1.0",
-                                   "locale": "en-US", "ip": f"10.{c % 250}.{i % 250}.{c % 199}"}
+            ctx: dict[str, Any] = {
+                "userAgent": "Mozilla/5.0 (X11; Linux x86_64) Bench/1.0",
+                "locale": "en-US",
+                "ip": f"10.{c % 250}.{i % 250}.{c % 199}",
+            }
             campaign = rng.choice(CAMPAIGNS)
             if campaign:
                 ctx["campaign"] = campaign
             msg["context"] = ctx
             if kind == "identify":
                 msg["event"] = "identify"
-                msg["traits"] = {"email": f"user{c}@example.com", "firstName": f"First{c}",
-                                 "lastName": f"Last{c % 977}", "plan": rng.choice(PLANS),
-                                 "address": {"city": rng.choice(CITIES), "country": "PT"},
-                                 "logins": rng.randrange(1000)}
+                msg["traits"] = {
+                    "email": f"user{c}@example.com",
+                    "firstName": f"First{c}",
+                    "lastName": f"Last{c % 977}",
+                    "plan": rng.choice(PLANS),
+                    "address": {"city": rng.choice(CITIES), "country": "PT"},
+                    "logins": rng.randrange(1000),
+                }
             elif kind == "track":
                 msg["event"] = rng.choice(EVENTS)
-                msg["properties"] = {"sku": f"sku-{rng.randrange(5000)}", "price": round(rng.random() * 200, 2),
-                                     "currency": "EUR", "category": rng.choice(CITIES).lower(),
-                                     "quantity": rng.randrange(1, 5), "note": "x" * rng.randrange(40, 200)}
+                msg["properties"] = {
+                    "sku": f"sku-{rng.randrange(5000)}",
+                    "price": round(rng.random() * 200, 2),
+                    "currency": "EUR",
+                    "category": rng.choice(CITIES).lower(),
+                    "quantity": rng.randrange(1, 5),
+                    "note": "x" * rng.randrange(40, 200),
+                }
             elif kind == "page":
                 msg["event"] = "page"
-                msg["properties"] = {"path": f"/p/{rng.randrange(300)}", "title": "Product page",
-                                     "referrer": "https://search.example/", "search": ""}
+                msg["properties"] = {
+                    "path": f"/p/{rng.randrange(300)}",
+                    "title": "Product page",
+                    "referrer": "https://search.example/",
+                    "search": "",
+                }
             else:
                 msg["name"] = rng.choice(["Home", "Cart", "Settings"])
                 msg["properties"] = {"build": rng.randrange(100)}
@@ -124,8 +155,7 @@ class Traffic:
     def landing_batches(self, rows_per_batch: int = 100_000) -> Iterator[pa.Table]:
         """The stream as landing-file tables (server fields stamped as the collector would)."""
         cols: dict[str, list[Any]] = {f.name: [] for f in LANDING_SCHEMA}
-        n = 0
-        for msg in self.client_messages():
+        for n, msg in enumerate(self.client_messages(), start=1):
             received: datetime = msg.pop("_receivedAt")
             ts = datetime.fromisoformat(msg["timestamp"].replace("Z", "+00:00"))
             if "sentAt" in msg:
@@ -133,21 +163,38 @@ class Traffic:
                 ts = received - (sent_at - ts)
             else:
                 sent_at = None
-            n += 1
-            event_id = f"{int(received.timestamp() * 1000):012x}-bench-{self.seed}-{n:010d}"
-            stored = {**msg, "eventId": event_id, "clientId": self.client_id,
-                      "accountId": self.account_id, "brandId": self.brand_id,
-                      "receivedAt": _iso(received), "timestamp": _iso(ts), "channel": "server",
-                      "version": STORED_VERSION}
+            ms = int(received.timestamp() * 1000)
+            event_id = f"{ms:012x}-bench-{self.seed}-{n:010d}"
+            stored = {
+                **msg,
+                "eventId": event_id,
+                "clientId": self.client_id,
+                "accountId": self.account_id,
+                "brandId": self.brand_id,
+                "receivedAt": _iso(received),
+                "timestamp": _iso(ts),
+                "channel": "server",
+                "version": STORED_VERSION,
+            }
             if sent_at is not None:
                 stored["sentAt"] = _iso(sent_at)
-            for k, v in (("event_id", event_id), ("message_id", msg["messageId"]),
-                         ("client_id", self.client_id), ("account_id", self.account_id),
-                         ("brand_id", self.brand_id), ("type", msg["type"]),
-                         ("event", msg.get("event")), ("user_id", msg.get("userId")),
-                         ("anonymous_id", msg.get("anonymousId")), ("timestamp", ts),
-                         ("received_at", received), ("sent_at", sent_at), ("channel", "server"),
-                         ("source", "http"), ("message", _enc.encode(stored).decode())):
+            for k, v in (
+                ("event_id", event_id),
+                ("message_id", msg["messageId"]),
+                ("client_id", self.client_id),
+                ("account_id", self.account_id),
+                ("brand_id", self.brand_id),
+                ("type", msg["type"]),
+                ("event", msg.get("event")),
+                ("user_id", msg.get("userId")),
+                ("anonymous_id", msg.get("anonymousId")),
+                ("timestamp", ts),
+                ("received_at", received),
+                ("sent_at", sent_at),
+                ("channel", "server"),
+                ("source", "http"),
+                ("message", _enc.encode(stored).decode()),
+            ):
                 cols[k].append(v)
             if len(cols["event_id"]) >= rows_per_batch:
                 yield pa.table(cols, schema=LANDING_SCHEMA)

@@ -23,9 +23,15 @@ from mallard.settings import Settings, get_settings
 from mallard.tenancy import ControlStore
 
 # Framework errors keep their status; this gives them the code of our hierarchy.
-_HTTP_CODES = {400: "invalid_request_error", 401: "authentication_error", 403: "authentication_error",
-               404: "not_found", 405: "invalid_request_error", 413: "invalid_request_error",
-               429: "rate_limit_error"}
+_HTTP_CODES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "authentication_error",
+    404: "not_found",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+}
 
 
 def _json_error(request: Request, exc: Exception) -> Response[Any]:
@@ -35,7 +41,10 @@ def _json_error(request: Request, exc: Exception) -> Response[Any]:
         headers = exc.headers
     elif isinstance(exc, HTTPException):
         err = MallardError(str(exc.detail))
-        err.status, err.code = exc.status_code, _HTTP_CODES.get(exc.status_code, "internal_server_error")
+        err.status, err.code = (
+            exc.status_code,
+            _HTTP_CODES.get(exc.status_code, "internal_server_error"),
+        )
         status, body = error_body(err, family)
         headers = dict(exc.headers or {})
     else:
@@ -82,5 +91,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
     app.state.paths = paths
     app.state.control = ControlStore(paths.control_db)
     apply_tenants(app.state.control)
-    app.state.rate_limiter = RateLimiter(settings.limits.rate_per_second, settings.limits.rate_burst)
+    app.state.rate_limiter = RateLimiter(
+        settings.limits.rate_per_second, settings.limits.rate_burst
+    )
     return app

@@ -28,9 +28,10 @@ def _demo_file(paths: DataPaths) -> Path:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
+    from orchestration.warehouse import ensure_warehouse
+
     from mallard.config import apply_tenants
     from mallard.warehouse import ensure_extensions
-    from orchestration.warehouse import ensure_warehouse
 
     paths = _paths(args)
     creds_file = _demo_file(paths)
@@ -54,8 +55,14 @@ def cmd_init(args: argparse.Namespace) -> int:
     control.add_account(client, account)
     _, secret = control.create_token(Scope("client", client), name="demo (mallard init)")
     write_key = control.create_write_key(client, account, brand)
-    creds = {"clientId": client, "accountId": account, "brandId": brand, "token": secret,
-             "writeKey": write_key, "dataDir": str(paths.root)}
+    creds = {
+        "clientId": client,
+        "accountId": account,
+        "brandId": brand,
+        "token": secret,
+        "writeKey": write_key,
+        "dataDir": str(paths.root),
+    }
     fd = os.open(creds_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(creds, f)
@@ -87,8 +94,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"  ingestion + read API: {base}/track/<clientId>/<accountId>/<BRANDID>/v1/", flush=True)
     print(f"  tag, mobile, preferences: {base}/cdp/   health: {base}/health", flush=True)
     print(f"  OpenAPI: {base}/schema", flush=True)
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level,
-                access_log=False, timeout_graceful_shutdown=10)
+    uvicorn.run(
+        create_app(settings),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=10,
+    )
     return 0
 
 
@@ -108,12 +121,21 @@ def cmd_tokens(args: argparse.Namespace) -> int:
     if args.tokens_cmd == "create":
         token, secret = control.create_token(Scope.parse(args.scope), name=args.name or "")
         if args.json:
-            print(json.dumps({"tokenId": token.token_id, "scope": str(token.scope), "token": secret}))
+            print(
+                json.dumps({"tokenId": token.token_id, "scope": str(token.scope), "token": secret})
+            )
         else:
             print(f"token {token.token_id} ({token.scope}); shown once, store it now:\n{secret}")
     elif args.tokens_cmd == "list":
-        rows = [{"tokenId": t.token_id, "name": t.name, "scope": str(t.scope),
-                 "revoked": t.revoked_at is not None} for t in control.list_tokens()]
+        rows = [
+            {
+                "tokenId": t.token_id,
+                "name": t.name,
+                "scope": str(t.scope),
+                "revoked": t.revoked_at is not None,
+            }
+            for t in control.list_tokens()
+        ]
         _table(rows, args.json)
     elif args.tokens_cmd == "revoke":
         if not control.revoke_token(args.token_id):
@@ -137,8 +159,10 @@ def cmd_accounts(args: argparse.Namespace) -> int:
         added = apply_tenants(control, path)
         print(f"{path}: " + (f"added {', '.join(added)}" if added else "nothing to add"))
     elif args.accounts_cmd == "list":
-        rows = [{"clientId": c, "accountId": a,
-                 "brands": ",".join(b) or f"{a.upper()} (default)"} for c, a, b in control.accounts()]
+        rows = [
+            {"clientId": c, "accountId": a, "brands": ",".join(b) or f"{a.upper()} (default)"}
+            for c, a, b in control.accounts()
+        ]
         _table(rows, args.json)
     return 0
 
@@ -194,8 +218,11 @@ def _table(rows: list[dict[str, Any]], as_json: bool) -> None:
 def build_parser() -> argparse.ArgumentParser:
     default_dir = os.environ.get("MALLARD_DATA_DIR", "./data")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--data-dir", default=default_dir,
-                        help="data directory (default: $MALLARD_DATA_DIR or ./data)")
+    common.add_argument(
+        "--data-dir",
+        default=default_dir,
+        help="data directory (default: $MALLARD_DATA_DIR or ./data)",
+    )
     p = argparse.ArgumentParser(prog="mallard", description="Mallard customer data platform")
     sub = p.add_subparsers(dest="cmd", required=True)
 
@@ -217,8 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("tokens", help="auth tokens (shown once, stored hashed)")
     t = s.add_subparsers(dest="tokens_cmd", required=True)
     c = t.add_parser("create", parents=[common])
-    c.add_argument("--scope", required=True,
-                   help="client:C | account:C/A | brands:C/A | brand:C/A/BRAND")
+    c.add_argument(
+        "--scope", required=True, help="client:C | account:C/A | brands:C/A | brand:C/A/BRAND"
+    )
     c.add_argument("--name", default="")
     c.add_argument("--json", action="store_true")
     c = t.add_parser("list", parents=[common])

@@ -40,8 +40,10 @@ def load_tenants(path: Path) -> list[TenantSpec]:
         for account_id, account in (client.get("accounts") or {}).items():
             brands = account.get("brands") or []
             if not isinstance(brands, list) or not all(isinstance(b, str) for b in brands):
-                raise TenancyError(f"{path}: clients.{client_id}.accounts.{account_id}.brands "
-                                   "must be a list of strings")
+                raise TenancyError(
+                    f"{path}: clients.{client_id}.accounts.{account_id}.brands "
+                    "must be a list of strings"
+                )
             specs.append(TenantSpec(client_id, account_id, tuple(brands)))
     return specs
 

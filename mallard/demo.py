@@ -18,17 +18,38 @@ def send_demo_traffic(url: str, creds: dict[str, str]) -> int:
     for i, (user_id, email, first, last, plan) in enumerate(CUSTOMERS):
         anon = f"anon-demo-{i}"
         batch += [
-            {"type": "page", "event": "page", "anonymousId": anon,
-             "properties": {"path": "/pricing", "title": "Pricing"},
-             "context": {"campaign": {"name": "autumn", "source": "newsletter", "medium": "email"}}},
-            {"type": "identify", "event": "identify", "userId": user_id, "anonymousId": anon,
-             "traits": {"email": email, "firstName": first, "lastName": last, "plan": plan}},
+            {
+                "type": "page",
+                "event": "page",
+                "anonymousId": anon,
+                "properties": {"path": "/pricing", "title": "Pricing"},
+                "context": {
+                    "campaign": {"name": "autumn", "source": "newsletter", "medium": "email"}
+                },
+            },
+            {
+                "type": "identify",
+                "event": "identify",
+                "userId": user_id,
+                "anonymousId": anon,
+                "traits": {"email": email, "firstName": first, "lastName": last, "plan": plan},
+            },
             {"type": "track", "event": "Logged In", "userId": user_id},
-            {"type": "track", "event": "Order Completed", "userId": user_id,
-             "properties": {"orderId": f"o-{i}", "total": 42.5 + i, "currency": "EUR"}},
+            {
+                "type": "track",
+                "event": "Order Completed",
+                "userId": user_id,
+                "properties": {"orderId": f"o-{i}", "total": 42.5 + i, "currency": "EUR"},
+            },
         ]
-    batch.append({"type": "page", "event": "page", "anonymousId": "anon-demo-visitor",
-                  "properties": {"path": "/"}})
+    batch.append(
+        {
+            "type": "page",
+            "event": "page",
+            "anonymousId": "anon-demo-visitor",
+            "properties": {"path": "/"},
+        }
+    )
     with httpx.Client(timeout=30) as client:
         resp = client.post(f"{base}/batch", json={"batch": batch}, headers=headers)
         resp.raise_for_status()

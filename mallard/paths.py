@@ -26,7 +26,7 @@ class DataPaths:
 
     @property
     def landing_dir(self) -> Path:
-        """Immutable Parquet landing files, Hive-partitioned: date=YYYY-MM-DD/<collector>-<seq>.parquet."""
+        """Immutable Parquet landing files: date=YYYY-MM-DD/<collector>-<seq>.parquet."""
         return self.root / "landing"
 
     @property

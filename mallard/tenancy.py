@@ -171,16 +171,22 @@ class ControlStore:
         return cur.rowcount > 0
 
     def brands(self, client_id: str, account_id: str) -> list[str]:
-        rows = self._conn().execute(
-            "select brand_id from brands where client_id=? and account_id=? order by brand_id",
-            (client_id, account_id),
-        ).fetchall()
+        rows = (
+            self._conn()
+            .execute(
+                "select brand_id from brands where client_id=? and account_id=? order by brand_id",
+                (client_id, account_id),
+            )
+            .fetchall()
+        )
         return [r[0] for r in rows]
 
     def accounts(self) -> list[tuple[str, str, list[str]]]:
-        rows = self._conn().execute(
-            "select client_id, account_id from accounts order by 1, 2"
-        ).fetchall()
+        rows = (
+            self._conn()
+            .execute("select client_id, account_id from accounts order by 1, 2")
+            .fetchall()
+        )
         return [(c, a, self.brands(c, a)) for c, a in rows]
 
     def tenant_exists(self, client_id: str, account_id: str, brand_id: str) -> bool:
@@ -188,9 +194,13 @@ class ControlStore:
         brands = self.brands(client_id, account_id)
         if brands:
             return brand_id in brands
-        row = self._conn().execute(
-            "select 1 from accounts where client_id=? and account_id=?", (client_id, account_id)
-        ).fetchone()
+        row = (
+            self._conn()
+            .execute(
+                "select 1 from accounts where client_id=? and account_id=?", (client_id, account_id)
+            )
+            .fetchone()
+        )
         return row is not None and brand_id == account_id.upper()
 
     # --- tokens ---------------------------------------------------------------------------
@@ -203,16 +213,28 @@ class ControlStore:
         now = time.time()
         self._conn().execute(
             "insert into tokens values (?, ?, ?, ?, ?, ?, ?, ?, null)",
-            (token_id, _hash(secret), name, scope.client_id, scope.account_id,
-             scope.brand_id, scope.kind, now),
+            (
+                token_id,
+                _hash(secret),
+                name,
+                scope.client_id,
+                scope.account_id,
+                scope.brand_id,
+                scope.kind,
+                now,
+            ),
         )
         return Token(token_id, name, scope, now, None), secret
 
     def list_tokens(self) -> list[Token]:
-        rows = self._conn().execute(
-            "select token_id, name, kind, client_id, account_id, brand_id, created_at, revoked_at"
-            " from tokens order by created_at"
-        ).fetchall()
+        rows = (
+            self._conn()
+            .execute(
+                "select token_id, name, kind, client_id, account_id, brand_id, created_at,"
+                " revoked_at from tokens order by created_at"
+            )
+            .fetchall()
+        )
         return [Token(r[0], r[1], Scope(r[2], r[3], r[4], r[5]), r[6], r[7]) for r in rows]
 
     def revoke_token(self, token_id: str) -> bool:
@@ -226,11 +248,15 @@ class ControlStore:
         """The scope of a live token, or None. Checked per request, so revocation is immediate."""
         if not secret:
             return None
-        row = self._conn().execute(
-            "select kind, client_id, account_id, brand_id from tokens"
-            " where secret_hash=? and revoked_at is null",
-            (_hash(secret),),
-        ).fetchone()
+        row = (
+            self._conn()
+            .execute(
+                "select kind, client_id, account_id, brand_id from tokens"
+                " where secret_hash=? and revoked_at is null",
+                (_hash(secret),),
+            )
+            .fetchone()
+        )
         return Scope(*row) if row else None
 
     # --- writeKeys ------------------------------------------------------------------------
@@ -246,12 +272,25 @@ class ControlStore:
         return key
 
     def list_write_keys(self) -> list[dict[str, object]]:
-        rows = self._conn().execute(
-            "select key_prefix, client_id, account_id, brand_id, created_at, revoked_at"
-            " from write_keys order by created_at"
-        ).fetchall()
-        return [{"prefix": r[0], "clientId": r[1], "accountId": r[2], "brandId": r[3],
-                 "createdAt": r[4], "revoked": r[5] is not None} for r in rows]
+        rows = (
+            self._conn()
+            .execute(
+                "select key_prefix, client_id, account_id, brand_id, created_at, revoked_at"
+                " from write_keys order by created_at"
+            )
+            .fetchall()
+        )
+        return [
+            {
+                "prefix": r[0],
+                "clientId": r[1],
+                "accountId": r[2],
+                "brandId": r[3],
+                "createdAt": r[4],
+                "revoked": r[5] is not None,
+            }
+            for r in rows
+        ]
 
     def rotate_write_key(self, client_id: str, account_id: str, brand_id: str) -> str:
         """A new writeKey for the brand; every older key of the brand stops working at once."""
@@ -274,11 +313,15 @@ class ControlStore:
     def resolve_write_key(self, key: str | None) -> Source | None:
         if not key:
             return None
-        row = self._conn().execute(
-            "select client_id, account_id, brand_id from write_keys"
-            " where key_hash=? and revoked_at is null",
-            (_hash(key),),
-        ).fetchone()
+        row = (
+            self._conn()
+            .execute(
+                "select client_id, account_id, brand_id from write_keys"
+                " where key_hash=? and revoked_at is null",
+                (_hash(key),),
+            )
+            .fetchone()
+        )
         return Source(*row) if row else None
 
     def _check_scope(self, scope: Scope) -> None:

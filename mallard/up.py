@@ -1,4 +1,7 @@
-"""`mallard up` (what `make run` calls): init, serve, demo data, pipeline, Dagster UI; Ctrl-C stops all."""
+"""`mallard up`, what `make run` calls: init, serve, demo data, pipeline, Dagster UI.
+
+Ctrl-C (or SIGTERM) stops every process it started, by PID.
+"""
 
 from __future__ import annotations
 
@@ -31,8 +34,13 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], what: str, timeout: floa
 
 def up(data_dir: Path, port: int, dagster_port: int) -> int:
     paths = DataPaths(data_dir.resolve())
-    env = {**os.environ, "MALLARD_DATA_DIR": str(paths.root), "DAGSTER_HOME": str(paths.dagster_home),
-           "DO_NOT_TRACK": "1", "DAGSTER_DISABLE_TELEMETRY": "1"}
+    env = {
+        **os.environ,
+        "MALLARD_DATA_DIR": str(paths.root),
+        "DAGSTER_HOME": str(paths.dagster_home),
+        "DO_NOT_TRACK": "1",
+        "DAGSTER_DISABLE_TELEMETRY": "1",
+    }
     mallard = [sys.executable, "-m", "mallard.cli"]
     first_time = not (paths.root / "demo-credentials.json").exists()
     init = subprocess.run([*mallard, "init", "--json"], env=env, capture_output=True, text=True)
@@ -45,14 +53,15 @@ def up(data_dir: Path, port: int, dagster_port: int) -> int:
 
     def start(name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
         log = open(paths.run_dir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         (paths.run_dir / f"{name}.pid").write_text(str(proc.pid))
         procs.append((name, proc))
         return proc
 
     def stop_all(*_: object) -> None:
-        for name, proc in reversed(procs):
+        for _, proc in reversed(procs):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
         for name, proc in reversed(procs):
@@ -77,25 +86,40 @@ def up(data_dir: Path, port: int, dagster_port: int) -> int:
         if pipe.returncode:
             print("pipeline run failed; the server keeps running", file=sys.stderr)
         dagster_bin = Path(sys.executable).parent
-        ui = start("dagster-webserver", [str(dagster_bin / "dagster-webserver"), "-m",
-                   "orchestration.definitions", "-h", "127.0.0.1", "-p", str(dagster_port)])
-        start("dagster-daemon", [str(dagster_bin / "dagster-daemon"), "run", "-m",
-              "orchestration.definitions"])
+        ui = start(
+            "dagster-webserver",
+            [
+                str(dagster_bin / "dagster-webserver"),
+                "-m",
+                "orchestration.definitions",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(dagster_port),
+            ],
+        )
+        start(
+            "dagster-daemon",
+            [str(dagster_bin / "dagster-daemon"), "run", "-m", "orchestration.definitions"],
+        )
         _wait_http(f"http://127.0.0.1:{dagster_port}/server_info", ui, "dagster-webserver")
         base = f"{url}/track/{creds['clientId']}/{creds['accountId']}/{creds['brandId']}/v1"
-        print(f"""
+        print(
+            f"""
 Mallard is running (data in {paths.root}; logs in {paths.run_dir}).
   Server (ingestion, read API, tag): {url}      health: {url}/health   OpenAPI: {url}/schema
   Dagster UI:                        http://127.0.0.1:{dagster_port}
-  auth-token: {creds['token']}
-  writeKey:   {creds['writeKey']}
+  auth-token: {creds["token"]}
+  writeKey:   {creds["writeKey"]}
 
 Try:
-  curl -s -X POST {base}/track -H 'auth-token: {creds['token']}' \\
+  curl -s -X POST {base}/track -H 'auth-token: {creds["token"]}' \\
        -H 'content-type: application/json' -d '{{"userId":"u-1001","event":"Clicked Hello"}}'
-  curl -s '{base}/events/?size=5' -H 'auth-token: {creds['token']}'
-  curl -s {base}/profiles/userId:u-1001/traits -H 'auth-token: {creds['token']}'
-Press Ctrl-C to stop.""", flush=True)
+  curl -s '{base}/events/?size=5' -H 'auth-token: {creds["token"]}'
+  curl -s {base}/profiles/userId:u-1001/traits -H 'auth-token: {creds["token"]}'
+Press Ctrl-C to stop.""",
+            flush=True,
+        )
         while all(p.poll() is None for _, p in procs):
             time.sleep(1)
         dead = [n for n, p in procs if p.poll() is not None]

@@ -64,7 +64,9 @@ def lake_attach_sql(paths: DataPaths, read_only: bool = False) -> str:
     opts = [f"DATA_PATH '{paths.lake_data}/'"]
     if read_only:
         opts.append("READ_ONLY")
-    return f"ATTACH IF NOT EXISTS 'ducklake:sqlite:{paths.lake_catalog}' AS {LAKE} ({', '.join(opts)})"
+    return (
+        f"ATTACH IF NOT EXISTS 'ducklake:sqlite:{paths.lake_catalog}' AS {LAKE} ({', '.join(opts)})"
+    )
 
 
 def connect(paths: DataPaths, read_only: bool = False) -> duckdb.DuckDBPyConnection:

@@ -26,15 +26,27 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def mallard(*args: str, data_dir: Path, check: bool = True, timeout: float = 600,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def mallard(
+    *args: str,
+    data_dir: Path,
+    check: bool = True,
+    timeout: float = 600,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
     """Run the real CLI as a subprocess."""
     full_env = {**os.environ, "MALLARD_DATA_DIR": str(data_dir), "DO_NOT_TRACK": "1", **(env or {})}
-    proc = subprocess.run([sys.executable, "-m", "mallard.cli", *args], cwd=REPO, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mallard.cli", *args],
+        cwd=REPO,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if check and proc.returncode != 0:
-        raise AssertionError(f"mallard {' '.join(args)} failed ({proc.returncode}):\n"
-                             f"{proc.stdout}\n{proc.stderr}")
+        raise AssertionError(
+            f"mallard {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+        )
     return proc
 
 
@@ -69,11 +81,17 @@ class Server:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "mallard.cli", "serve", "--port", str(self.port)],
-                cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT)
+                cwd=REPO,
+                env=full_env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise AssertionError(f"server exited {self.proc.returncode}:\n{self.log.read_text()}")
+                raise AssertionError(
+                    f"server exited {self.proc.returncode}:\n{self.log.read_text()}"
+                )
             try:
                 if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
                     return
@@ -99,7 +117,9 @@ class Server:
         return mallard("pipeline", "run", data_dir=self.data_dir)
 
     def post(self, action: str, body: Any, **kw: Any) -> httpx.Response:
-        return httpx.post(f"{self.base}/{action}", json=body, headers=self.headers, timeout=30, **kw)
+        return httpx.post(
+            f"{self.base}/{action}", json=body, headers=self.headers, timeout=30, **kw
+        )
 
     def get(self, path: str, **kw: Any) -> httpx.Response:
         return httpx.get(f"{self.base}/{path}", headers=self.headers, timeout=30, **kw)

@@ -17,8 +17,13 @@ from tests.conftest import Server, free_port, init_data_dir, mallard
 
 TENANT = {"clientId": "acme", "accountId": "shop", "BRANDID": "SHOP"}
 # A concrete value for every other path parameter a tenant route may have.
-OTHER_PARAMS = {"action": "track", "profileId": "userId:nobody", "endpoint": "traits",
-                "eventId": "01a2e4c0-0000-7000-8000-000000000000", "regulationId": "r-1"}
+OTHER_PARAMS = {
+    "action": "track",
+    "profileId": "userId:nobody",
+    "endpoint": "traits",
+    "eventId": "01a2e4c0-0000-7000-8000-000000000000",
+    "regulationId": "r-1",
+}
 BODIES = {
     "identify": {"userId": "m-1", "event": "identify", "traits": {"plan": "pro"}},
     "track": {"userId": "m-1", "event": "Matrix Checked"},
@@ -29,7 +34,7 @@ BODIES = {
 
 
 def tenant_routes() -> list[tuple[str, str]]:
-    """(method, concrete path) for every route of the app under /track/{client}/{account}/{BRAND}."""
+    """(method, concrete path) of every app route under /track/{client}/{account}/{BRAND}."""
     from mallard.app import create_app
     from mallard.settings import get_settings
 
@@ -39,9 +44,11 @@ def tenant_routes() -> list[tuple[str, str]]:
         if not route.path.startswith("/track/{"):
             continue
         for method in sorted(getattr(route, "methods", set()) - {"OPTIONS", "HEAD"}):
+
             def fill(m: re.Match[str]) -> str:
                 name = m.group(1).split(":")[0]
                 return TENANT.get(name) or OTHER_PARAMS.get(name) or "x"
+
             path = re.sub(r"\{([^}]+)\}", fill, route.path)
             out.append((method, path))
     return sorted(set(out))
@@ -62,15 +69,18 @@ def test_matrix_covers_ingestion_and_read_routes() -> None:
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, dict[str, str]]]:
     d = tmp_path_factory.mktemp("matrix") / "data"
     creds = init_data_dir(d)
-    mallard("accounts", "add", "acme", "shop", "--brand", "SHOP", "--brand", "OUTLET",
-            data_dir=d)
+    mallard("accounts", "add", "acme", "shop", "--brand", "SHOP", "--brand", "OUTLET", data_dir=d)
     tokens = {}
-    for kind, scope in [("client", "client:acme"), ("account", "account:acme/shop"),
-                        ("brands", "brands:acme/shop"), ("brand", "brand:acme/shop/SHOP"),
-                        ("other_brand", "brand:acme/shop/OUTLET"), ("other_client", "client:demo"),
-                        ("revoked", "client:acme")]:
-        out = json.loads(mallard("tokens", "create", "--scope", scope, "--json",
-                                 data_dir=d).stdout)
+    for kind, scope in [
+        ("client", "client:acme"),
+        ("account", "account:acme/shop"),
+        ("brands", "brands:acme/shop"),
+        ("brand", "brand:acme/shop/SHOP"),
+        ("other_brand", "brand:acme/shop/OUTLET"),
+        ("other_client", "client:demo"),
+        ("revoked", "client:acme"),
+    ]:
+        out = json.loads(mallard("tokens", "create", "--scope", scope, "--json", data_dir=d).stdout)
         tokens[kind] = out["token"]
         if kind == "revoked":
             mallard("tokens", "revoke", out["tokenId"], data_dir=d)
@@ -88,8 +98,9 @@ UNAUTHENTICATED = ("revoked", "unknown", "none")
 
 @pytest.mark.parametrize("credential", ALLOWED + DENIED + UNAUTHENTICATED)
 @pytest.mark.parametrize(("method", "path"), ROUTES, ids=[f"{m} {p}" for m, p in ROUTES])
-def test_route_by_credential(srv: tuple[Server, dict[str, str]], method: str, path: str,
-                             credential: str) -> None:
+def test_route_by_credential(
+    srv: tuple[Server, dict[str, str]], method: str, path: str, credential: str
+) -> None:
     server, tokens = srv
     headers = {"content-type": "application/json"}
     if credential != "none":
@@ -117,13 +128,24 @@ def test_route_by_credential(srv: tuple[Server, dict[str, str]], method: str, pa
         assert t not in r.text
 
 
-@pytest.mark.parametrize("path", ["/track/acme/nope/NOPE/v1/track", "/track/acme/shop/NOPE/v1/track",
-                                  "/track/acme/shop/shop/v1/track"])
-def test_unknown_tenant_is_refused_like_out_of_scope(srv: tuple[Server, dict[str, str]],
-                                                     path: str) -> None:
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/track/acme/nope/NOPE/v1/track",
+        "/track/acme/shop/NOPE/v1/track",
+        "/track/acme/shop/shop/v1/track",
+    ],
+)
+def test_unknown_tenant_is_refused_like_out_of_scope(
+    srv: tuple[Server, dict[str, str]], path: str
+) -> None:
     server, tokens = srv
-    r = httpx.post(server.url + path, json=BODIES["track"], timeout=30,
-                   headers={"auth-token": tokens["client"]})
+    r = httpx.post(
+        server.url + path,
+        json=BODIES["track"],
+        timeout=30,
+        headers={"auth-token": tokens["client"]},
+    )
     assert r.status_code == 403 and r.json()["success"] is False
 
 

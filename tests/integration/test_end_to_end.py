@@ -13,9 +13,19 @@ from tests.conftest import REPO, Server, wait_landed
 
 def _send_demo(server: Server) -> list[str]:
     ids = []
-    r = server.post("identify", {"userId": "e2e-1", "event": "identify",
-                                 "traits": {"email": "E2E@example.com", "firstName": "Edna",
-                                            "lastName": "Ewing", "plan": "pro"}})
+    r = server.post(
+        "identify",
+        {
+            "userId": "e2e-1",
+            "event": "identify",
+            "traits": {
+                "email": "E2E@example.com",
+                "firstName": "Edna",
+                "lastName": "Ewing",
+                "plan": "pro",
+            },
+        },
+    )
     assert r.status_code == 200, r.text
     assert r.json()["success"] is True
     ids.append(r.json()["eventId"])
@@ -63,9 +73,11 @@ def test_pipeline_twice_loads_each_landing_file_once(server: Server) -> None:
 
     conn = connect(DataPaths(server.data_dir), read_only=True)
     raw = conn.execute(
-        "select count(*), count(distinct event_id) from lake.raw.messages").fetchone()
+        "select count(*), count(distinct event_id) from lake.raw.messages"
+    ).fetchone()
     files = conn.execute(
-        "select count(*), count(distinct landing_file) from lake.raw.landing_files").fetchone()
+        "select count(*), count(distinct landing_file) from lake.raw.landing_files"
+    ).fetchone()
     assert raw == (len(ids), len(ids))
     assert files is not None and files[0] == files[1] and files[0] >= 1
 
@@ -95,9 +107,21 @@ def test_reads_keep_answering_while_the_pipeline_builds(server: Server) -> None:
     t = threading.Thread(target=reader)
     t.start()
     try:
-        proc = subprocess.run([sys.executable, "-m", "mallard.cli", "pipeline", "run",
-                               "--data-dir", str(server.data_dir)], cwd=REPO,
-                              capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "mallard.cli",
+                "pipeline",
+                "run",
+                "--data-dir",
+                str(server.data_dir),
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
     finally:
         stop.set()
         t.join()
@@ -107,5 +131,3 @@ def test_reads_keep_answering_while_the_pipeline_builds(server: Server) -> None:
     # Each answer reflects one committed build: the old 3 events or the new 6, never a mix.
     assert set(counts) <= {3, 6}
     assert len(server.get("events/").json()["data"]) == 6
-
-

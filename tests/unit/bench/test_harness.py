@@ -28,8 +28,14 @@ def test_percentile_interpolates() -> None:
 
 def test_summarize() -> None:
     s = summarize([3.0, 1.0, 2.0])
-    assert s == {"count": 3.0, "mean": 2.0, "p50": 2.0, "p95": pytest.approx(2.9),
-                 "p99": pytest.approx(2.98), "max": 3.0}
+    assert s == {
+        "count": 3.0,
+        "mean": 2.0,
+        "p50": 2.0,
+        "p95": pytest.approx(2.9),
+        "p99": pytest.approx(2.98),
+        "max": 3.0,
+    }
 
 
 def test_generator_is_reproducible_and_sized() -> None:
@@ -41,8 +47,11 @@ def test_generator_is_reproducible_and_sized() -> None:
 
 
 def test_generator_has_the_traffic_features() -> None:
-    msgs = list(Traffic(seed=1, customers=200, events=5000, duplicate_rate=0.05,
-                        late_rate=0.05, skew_rate=0.1).client_messages())
+    msgs = list(
+        Traffic(
+            seed=1, customers=200, events=5000, duplicate_rate=0.05, late_rate=0.05, skew_rate=0.1
+        ).client_messages()
+    )
     kinds = Counter(m["type"] for m in msgs)
     assert set(kinds) == {"identify", "track", "page", "screen"}
     assert kinds["track"] > kinds["page"] > kinds["screen"]
@@ -54,6 +63,7 @@ def test_generator_has_the_traffic_features() -> None:
     identified = {m["anonymousId"] for m in msgs if m["type"] == "identify"}
     assert anon_only & identified
     assert anon_only - identified  # and some who never do
+
     def lag_hours(m: dict[str, object]) -> float:
         ts = datetime.fromisoformat(str(m["timestamp"]).replace("Z", "+00:00"))
         return (m["_receivedAt"] - ts).total_seconds() / 3600  # type: ignore[operator]

@@ -28,8 +28,9 @@ def test_init_is_idempotent_and_prints_json(tmp_path: Path) -> None:
 def test_tokens_create_list_revoke(tmp_path: Path) -> None:
     d = tmp_path / "data"
     mallard("init", data_dir=d)
-    made = json.loads(mallard("tokens", "create", "--scope", "brand:demo/demo/DEMO", "--json",
-                              data_dir=d).stdout)
+    made = json.loads(
+        mallard("tokens", "create", "--scope", "brand:demo/demo/DEMO", "--json", data_dir=d).stdout
+    )
     assert made["token"].startswith("mlt_")
     listed = mallard("tokens", "list", data_dir=d).stdout
     assert made["tokenId"] in listed and made["token"] not in listed

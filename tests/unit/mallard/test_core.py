@@ -35,23 +35,48 @@ def test_rate_limit_burst_then_refill() -> None:
         (errors.PayloadTooLarge("big"), "ingest", 413, {"success": False, "message": "big"}),
         (errors.RateLimited("slow"), "ingest", 429, {"success": False, "message": "slow"}),
         (errors.Unavailable("down"), "ingest", 503, {"success": False, "message": "down"}),
-        (errors.Unauthenticated("no"), "read", 401,
-         {"error": {"code": "authentication_error", "message": "no"}}),
-        (errors.Forbidden("no"), "read", 403,
-         {"error": {"code": "authentication_error", "message": "no"}}),
-        (errors.InvalidRequest("bad"), "read", 400,
-         {"error": {"code": "invalid_request_error", "message": "bad"}}),
-        (errors.ValidationFailed("id"), "read", 400,
-         {"error": {"code": "validation_error", "message": "id"}}),
+        (
+            errors.Unauthenticated("no"),
+            "read",
+            401,
+            {"error": {"code": "authentication_error", "message": "no"}},
+        ),
+        (
+            errors.Forbidden("no"),
+            "read",
+            403,
+            {"error": {"code": "authentication_error", "message": "no"}},
+        ),
+        (
+            errors.InvalidRequest("bad"),
+            "read",
+            400,
+            {"error": {"code": "invalid_request_error", "message": "bad"}},
+        ),
+        (
+            errors.ValidationFailed("id"),
+            "read",
+            400,
+            {"error": {"code": "validation_error", "message": "id"}},
+        ),
         (errors.NotFound("gone"), "read", 404, {"error": {"code": "not_found", "message": "gone"}}),
-        (errors.RateLimited("slow"), "read", 429,
-         {"error": {"code": "rate_limit_error", "message": "slow"}}),
-        (errors.MallardError("boom"), "read", 500,
-         {"error": {"code": "internal_server_error", "message": "boom"}}),
+        (
+            errors.RateLimited("slow"),
+            "read",
+            429,
+            {"error": {"code": "rate_limit_error", "message": "slow"}},
+        ),
+        (
+            errors.MallardError("boom"),
+            "read",
+            500,
+            {"error": {"code": "internal_server_error", "message": "boom"}},
+        ),
     ],
 )
-def test_error_map(exc: errors.MallardError, family: errors.Family, status: int,
-                   body: dict[str, object]) -> None:
+def test_error_map(
+    exc: errors.MallardError, family: errors.Family, status: int, body: dict[str, object]
+) -> None:
     assert errors.error_body(exc, family) == (status, body)
 
 

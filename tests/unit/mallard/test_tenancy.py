@@ -91,7 +91,10 @@ def test_write_keys_resolve_to_their_brand(store: ControlStore) -> None:
     key = store.create_write_key("acme", "shop", "OUTLET")
     src = store.resolve_write_key(key)
     assert src is not None and (src.client_id, src.account_id, src.brand_id) == (
-        "acme", "shop", "OUTLET")
+        "acme",
+        "shop",
+        "OUTLET",
+    )
     assert store.resolve_write_key("wk_nope") is None
 
 
@@ -112,11 +115,16 @@ def test_tenants_file_is_applied_additively(tmp_path: Path) -> None:
     from mallard.config import apply_tenants
 
     f = tmp_path / "tenants.toml"
-    f.write_text('[clients.acme.accounts.shop]\nbrands = ["SHOP", "OUTLET"]\n'
-                 "[clients.solo.accounts.solo]\n")
+    f.write_text(
+        '[clients.acme.accounts.shop]\nbrands = ["SHOP", "OUTLET"]\n[clients.solo.accounts.solo]\n'
+    )
     store = ControlStore(tmp_path / "c.sqlite")
-    assert apply_tenants(store, f) == ["acme/shop", "acme/shop/SHOP", "acme/shop/OUTLET",
-                                       "solo/solo"]
+    assert apply_tenants(store, f) == [
+        "acme/shop",
+        "acme/shop/SHOP",
+        "acme/shop/OUTLET",
+        "solo/solo",
+    ]
     assert apply_tenants(store, f) == []
     assert store.tenant_exists("solo", "solo", "SOLO")
     assert store.tenant_exists("acme", "shop", "OUTLET")
