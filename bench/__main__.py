@@ -1,8 +1,10 @@
 """Run every benchmark scenario, collect their JSON, and write the markdown report.
 
 Each scenario is a module `bench.<name>` with `main(argv) -> int` that prints its table and
-writes `bench/results/<name>.json` (`{"scenario", "rows": [{"metric", "value", "unit",
-"goal", "ok"}], "machine"}`). A scenario that fails is reported as failed; the others still run.
+writes `bench/results/<name>.json`: `{"scenario", "rows": [bench.stats.row(...)],
+"latency_samples_ms": {label: [ms, ...]}}` (samples optional, kept to a few thousand). A scenario
+that fails is reported as failed; the others still run. Plots: one bar chart of every
+throughput row (unit ending in "/s") and one latency CDF per scenario with samples.
 """
 
 from __future__ import annotations
@@ -60,6 +62,54 @@ def report(results: dict[str, dict | None]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot(results: dict[str, dict | None]) -> list[str]:
+    """Write PNG plots next to the report; returns their file names."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    bars = [
+        (f"{name}: {r['metric']}", float(r["value"]), r["unit"])
+        for name, res in results.items()
+        if res
+        for r in res.get("rows", [])
+        if str(r.get("unit", "")).endswith("/s")
+    ]
+    if bars:
+        fig, ax = plt.subplots(figsize=(8, 0.5 * len(bars) + 1.5))
+        ax.barh([b[0] for b in bars], [b[1] for b in bars], color="#3b7dd8")
+        for i, (_, v, unit) in enumerate(bars):
+            ax.text(v, i, f" {v:,.0f} {unit}", va="center", fontsize=8)
+        ax.set_xlabel("throughput")
+        ax.set_title("Throughput")
+        fig.tight_layout()
+        fig.savefig(RESULTS / "throughput.png", dpi=110)
+        plt.close(fig)
+        made.append("throughput.png")
+    for name, res in results.items():
+        samples = (res or {}).get("latency_samples_ms") or {}
+        if not samples:
+            continue
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for label, xs in samples.items():
+            xs = sorted(xs)
+            if xs:
+                ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=label)
+        ax.set_xscale("log")
+        ax.set_xlabel("latency (ms, log scale)")
+        ax.set_ylabel("fraction of requests")
+        ax.set_title(f"{name}: latency CDF")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(RESULTS / f"{name}_latency.png", dpi=110)
+        plt.close(fig)
+        made.append(f"{name}_latency.png")
+    return made
+
+
 def main() -> int:
     p = argparse.ArgumentParser(prog="python -m bench")
     size = p.add_mutually_exclusive_group()
@@ -84,6 +134,7 @@ def main() -> int:
         results[name] = json.loads(out.read_text()) if rc == 0 and out.exists() else None
         failed += results[name] is None
     text = report(results)
+    text += "".join(f"\n![{png}]({png})\n" for png in plot(results))
     (RESULTS / "report.md").write_text(text)
     print("\n" + text)
     print(f"report: {RESULTS / 'report.md'}")
