@@ -1,1 +1,110 @@
-ROUTES: list = []
+"""Server ingestion routes: POST /track/{clientId}/{accountId}/{BRANDID}/v1/{action}."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+from litestar import MediaType, Request, Response, post
+
+from collector.messages import CALL_KINDS, Tenant, batch_item_kind, stamp, validate
+from collector.service import Collector
+from mallard.auth import authorize
+from mallard.errors import InvalidRequest, NotFound, PayloadTooLarge
+
+SERVER_ACTIONS = ("identify", "track", "page", "screen", "batch")
+
+
+class _Batch(msgspec.Struct):
+    batch: list[msgspec.Raw]
+    context: dict[str, Any] | None = None
+
+
+_decode_any = msgspec.json.Decoder()
+_decode_batch = msgspec.json.Decoder(_Batch)
+_encode = msgspec.json.Encoder().encode
+
+
+def _ok(body: dict[str, Any]) -> Response[bytes]:
+    return Response(_encode(body), media_type=MediaType.JSON)
+
+
+def decode_object(body: bytes) -> dict[str, Any]:
+    try:
+        msg = _decode_any.decode(body)
+    except msgspec.DecodeError as e:
+        raise InvalidRequest(f"body is not valid JSON: {e}") from None
+    if not isinstance(msg, dict):
+        raise InvalidRequest("body must be a JSON object")
+    return msg
+
+
+def parse_batch(body: bytes, max_item_bytes: int) -> list[tuple[str, dict[str, Any]]]:
+    """(kind, item) per batch item, batch context merged in (item keys win); all or nothing."""
+    try:
+        parsed = _decode_batch.decode(body)
+    except msgspec.ValidationError as e:
+        raise InvalidRequest(f'"batch" is required and must be an array: {e}') from None
+    except msgspec.DecodeError as e:
+        raise InvalidRequest(f"body is not valid JSON: {e}") from None
+    if not parsed.batch:
+        raise InvalidRequest('"batch" must not be empty')
+    items = []
+    for i, raw in enumerate(parsed.batch):
+        if len(raw) > max_item_bytes:
+            raise PayloadTooLarge(f"batch[{i}] is {len(raw)} bytes; the limit is {max_item_bytes}")
+        item = _decode_any.decode(raw)
+        kind = batch_item_kind(item, i)
+        if parsed.context:
+            ctx = item.get("context")
+            if ctx is not None and not isinstance(ctx, dict):
+                raise InvalidRequest(f'batch[{i}]: "context" must be an object')
+            item["context"] = {**parsed.context, **(ctx or {})}
+        validate(kind, item, require_event=False, where=f"batch[{i}]: ")
+        items.append((kind, item))
+    return items
+
+
+@post(
+    "/track/{clientId:str}/{accountId:str}/{BRANDID:str}/v1/{action:str}",
+    operation_id="ingest",
+    status_code=200,
+    summary="Ingest identify/track/page/screen/batch",
+)
+async def ingest(
+    request: Request[Any, Any, Any],
+    clientId: str,
+    accountId: str,  # noqa: N803
+    BRANDID: str,
+    action: str,
+) -> Response[bytes]:
+    authorize(request, clientId, accountId, BRANDID)
+    if action not in SERVER_ACTIONS:
+        raise NotFound(f"unknown action {action!r}; use one of {', '.join(SERVER_ACTIONS)}")
+    collector: Collector = request.app.state.collector
+    limits = request.app.state.settings.limits
+    body = await request.body()
+    tenant = Tenant(clientId, accountId, BRANDID)
+    received = datetime.now(UTC)
+    ip = request.client.host if request.client else None
+    if action == "batch":
+        items = parse_batch(body, limits.max_call_bytes)
+    else:
+        if len(body) > limits.max_call_bytes:
+            raise PayloadTooLarge(f"a call is limited to {limits.max_call_bytes} bytes")
+        msg = decode_object(body)
+        validate(action, msg)
+        items = [(action, msg)]
+    stored = [
+        stamp(kind, item, tenant, channel="server", source="http", received=received, request_ip=ip)
+        for kind, item in items
+    ]
+    await collector.accept(stored)
+    if action == "batch":
+        ids = [s["eventId"] for s in stored]
+        return _ok({"success": True, "eventId": ids[0], "eventIds": ids})
+    return _ok({"success": True, "eventId": stored[0]["eventId"]})
+
+
+ROUTES = [ingest]

@@ -33,6 +33,8 @@ class Settings:
     roll_max_bytes: int = 16 * 1024 * 1024
     # fsync can be turned off only for throwaway benchmarks of the framework itself.
     fsync: bool = True
+    # Names this collector's log directory and landing files; unique per collector process.
+    collector_id: str = "c0"
     limits: Limits = field(default_factory=Limits)
 
     def with_data_dir(self, data_dir: str | Path) -> Settings:
@@ -54,5 +56,6 @@ def get_settings() -> Settings:
         roll_interval_s=float(_env("ROLL_INTERVAL_S", "2.0")),
         roll_max_bytes=int(_env("ROLL_MAX_BYTES", str(16 * 1024 * 1024))),
         fsync=_env("FSYNC", "1") not in ("0", "false", "no"),
+        collector_id=_env("COLLECTOR_ID", "c0"),
         limits=limits,
     )

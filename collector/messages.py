@@ -1,0 +1,159 @@
+"""Validation and server stamping of incoming calls (INTERFACE.md 2.2, 2.3; DESIGN.md 5).
+
+Every endpoint family (server HTTP, tag, mobile, Segment drop-in) goes through these two steps:
+`validate(kind, msg, ...)` raises InvalidRequest naming the field and the rule, and
+`stamp(...)` returns the stored message with the server fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from typing import Any
+
+from mallard.errors import InvalidRequest
+from mallard.ids import new_id
+from mallard.schemas import STORED_VERSION
+
+CALL_KINDS = ("identify", "track", "page", "screen", "group", "alias")
+BATCH_KINDS = ("identify", "group", "track", "page", "screen", "alias")
+OBJECT_FIELDS = ("traits", "properties", "context")
+
+
+@dataclass(frozen=True)
+class Tenant:
+    client_id: str
+    account_id: str
+    brand_id: str
+
+
+def iso(t: datetime) -> str:
+    """ISO-8601 UTC with millisecond precision and a `Z`, as every stored timestamp."""
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+
+
+def parse_time(value: Any, field: str, where: str = "") -> datetime:
+    if not isinstance(value, str):
+        raise InvalidRequest(f'{where}"{field}" must be an ISO-8601 string')
+    try:
+        t = datetime.fromisoformat(value)
+    except ValueError:
+        try:
+            d = date.fromisoformat(value)
+        except ValueError:
+            raise InvalidRequest(
+                f'{where}"{field}" must be an ISO-8601 date-time, got {value[:40]!r}'
+            ) from None
+        t = datetime(d.year, d.month, d.day)
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t
+
+
+def validate(kind: str, msg: Any, *, require_event: bool = True, where: str = "") -> None:
+    """Raise InvalidRequest unless msg is a valid call of this kind.
+
+    require_event: the tenant routes require `event` on identify ("identify") and page ("page")
+    as the interface's field table says; Segment-compatible routes do not send it.
+    """
+    if not isinstance(msg, dict):
+        raise InvalidRequest(f"{where}body must be a JSON object")
+    user_id, anon_id = msg.get("userId"), msg.get("anonymousId")
+    if user_id is None and anon_id is None:
+        raise InvalidRequest(f'{where}"userId" or "anonymousId" is required')
+    for name, value in (("userId", user_id), ("anonymousId", anon_id)):
+        if value is not None and (not isinstance(value, str) or not value):
+            raise InvalidRequest(f'{where}"{name}" must be a non-empty string')
+    for name in OBJECT_FIELDS:
+        if name in msg and msg[name] is not None and not isinstance(msg[name], dict):
+            raise InvalidRequest(f'{where}"{name}" must be an object')
+    for name in ("timestamp", "sentAt"):
+        if msg.get(name) is not None:
+            parse_time(msg[name], name, where)
+    if "messageId" in msg and (not isinstance(msg["messageId"], str) or not msg["messageId"]):
+        raise InvalidRequest(f'{where}"messageId" must be a non-empty string')
+    event = msg.get("event")
+    if kind == "identify":
+        if require_event and event != "identify":
+            raise InvalidRequest(f'{where}"event" must be "identify" for identify')
+        if require_event and not isinstance(msg.get("traits"), dict):
+            raise InvalidRequest(f'{where}"traits" is required for identify')
+    elif kind == "track":
+        if not isinstance(event, str) or not event.strip():
+            raise InvalidRequest(f'{where}"event" is required for track and must be a string')
+    elif kind == "page":
+        if require_event and event != "page":
+            raise InvalidRequest(f'{where}"event" must be "page" for page')
+    elif kind == "screen":
+        if "name" in msg and msg["name"] is not None and not isinstance(msg["name"], str):
+            raise InvalidRequest(f'{where}"name" must be a string')
+    elif kind == "group":
+        if not isinstance(msg.get("groupId"), str | int) or msg.get("groupId") == "":
+            raise InvalidRequest(f'{where}"groupId" is required for group')
+    elif kind == "alias":
+        if not isinstance(msg.get("previousId"), str) or not msg.get("previousId"):
+            raise InvalidRequest(f'{where}"previousId" is required for alias')
+
+
+def batch_item_kind(item: Any, index: int) -> str:
+    """The method of a batch item: its `type`, or else an `event` naming a method."""
+    where = f"batch[{index}]: "
+    if not isinstance(item, dict):
+        raise InvalidRequest(f"{where}item must be a JSON object")
+    kind = item.get("type")
+    if kind is None:
+        kind = item.get("event")
+        if kind not in BATCH_KINDS:
+            raise InvalidRequest(
+                f'{where}"type" is required (or "event" naming a method: {", ".join(BATCH_KINDS)})'
+            )
+    elif kind not in BATCH_KINDS:
+        raise InvalidRequest(f'{where}"type" must be one of {", ".join(BATCH_KINDS)}')
+    return str(kind)
+
+
+def stamp(
+    kind: str,
+    msg: dict[str, Any],
+    tenant: Tenant,
+    *,
+    channel: str,
+    source: str,
+    received: datetime,
+    request_ip: str | None,
+) -> dict[str, Any]:
+    """The stored message: the client's fields plus eventId, receivedAt, timestamp, ..."""
+    stored = dict(msg)
+    stored.pop("writeKey", None)
+    received_iso = iso(received)
+    ts_raw, sent_raw = msg.get("timestamp"), msg.get("sentAt")
+    if ts_raw is not None:
+        ts = parse_time(ts_raw, "timestamp")
+        stored["originalTimestamp"] = ts_raw
+        if sent_raw is not None:
+            # Client clock skew: shift the event by the gap between sentAt and receipt.
+            ts = received - (parse_time(sent_raw, "sentAt") - ts)
+        stored["timestamp"] = iso(ts)
+    else:
+        stored["timestamp"] = received_iso
+    if sent_raw is not None:
+        stored["sentAt"] = iso(parse_time(sent_raw, "sentAt"))
+    context = dict(msg.get("context") or {})
+    if (
+        "ip" not in context
+        and request_ip
+        and (context.get("direct") is True or channel in ("browser", "mobile"))
+    ):
+        context["ip"] = request_ip
+    stored["context"] = context
+    stored["type"] = kind
+    stored["eventId"] = new_id()
+    stored["messageId"] = msg.get("messageId") or stored["eventId"]
+    stored["receivedAt"] = received_iso
+    stored["channel"] = channel
+    stored["version"] = STORED_VERSION
+    stored["source"] = source
+    stored["clientId"], stored["accountId"], stored["brandId"] = (
+        tenant.client_id,
+        tenant.account_id,
+        tenant.brand_id,
+    )
+    return stored

@@ -1,0 +1,60 @@
+"""The raw layer of the warehouse: schemas and the two tables only the load asset writes."""
+
+from __future__ import annotations
+
+import secrets
+
+from mallard.paths import DataPaths
+from mallard.warehouse import connect
+
+SCHEMAS = ("raw", "staging", "intermediate", "marts")
+
+RAW_DDL = """
+create table if not exists lake.raw.messages (
+    event_id varchar not null,
+    message_id varchar not null,
+    client_id varchar not null,
+    account_id varchar not null,
+    brand_id varchar not null,
+    type varchar not null,
+    event varchar,
+    user_id varchar,
+    anonymous_id varchar,
+    "timestamp" timestamptz not null,
+    received_at timestamptz not null,
+    sent_at timestamptz,
+    channel varchar not null,
+    source varchar not null,
+    message varchar not null,
+    landing_file varchar not null,
+    loaded_at timestamptz not null
+);
+create table if not exists lake.raw.landing_files (
+    landing_file varchar not null,
+    rows bigint not null,
+    loaded_at timestamptz not null
+);
+"""
+
+
+def ensure_secret(paths: DataPaths) -> str:
+    """The server secret behind subscription ids; made once, kept in the data dir only."""
+    if not paths.secret_file.exists():
+        paths.secret_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = paths.secret_file.with_suffix(".tmp")
+        tmp.write_text(secrets.token_hex(32))
+        tmp.chmod(0o600)
+        tmp.rename(paths.secret_file)
+    return paths.secret_file.read_text().strip()
+
+
+def ensure_warehouse(paths: DataPaths) -> None:
+    """Create the lake's schemas and raw tables if missing (idempotent)."""
+    ensure_secret(paths)
+    conn = connect(paths)
+    try:
+        for schema in SCHEMAS:
+            conn.execute(f"create schema if not exists lake.{schema}")
+        conn.execute(RAW_DDL)
+    finally:
+        conn.close()
