@@ -1,0 +1,33 @@
+-- One row per (customer, identifier): every userId, anonymousId and email a customer has been
+-- seen with, with first and last seen times.
+with messages as (
+    select * from {{ ref('int_messages_identified') }}
+),
+
+identifiers as (
+    select customer_id, account_id, 'userId' as id_type, customer_user_id as id_value, event_time
+    from messages
+    where customer_user_id is not null
+    union all
+    select customer_id, account_id, 'anonymousId', anonymous_id, event_time
+    from messages
+    where anonymous_id is not null
+    union all
+    select customer_id, account_id, 'email', json_extract_string(traits, '$.email'), event_time
+    from messages
+    where type = 'identify' and json_extract_string(traits, '$.email') is not null
+),
+
+final as (
+    select
+        customer_id,
+        account_id,
+        id_type,
+        id_value,
+        min(event_time) as first_seen,
+        max(event_time) as last_seen
+    from identifiers
+    group by all
+)
+
+select * from final

@@ -1,0 +1,34 @@
+-- One row per (identify message, top-level trait key): the history every trait value comes
+-- from, so a profile can be read as of any time.
+with messages as (
+    select * from {{ ref('int_messages_identified') }}
+    where type = 'identify' and json_type(traits) = 'OBJECT'
+),
+
+keys as (
+    select
+        customer_id,
+        account_id,
+        event_id,
+        message_id,
+        event_time,
+        received_at,
+        traits,
+        unnest(json_keys(traits)) as trait_key
+    from messages
+),
+
+final as (
+    select
+        customer_id,
+        account_id,
+        trait_key,
+        traits -> ('$."' || replace(trait_key, '"', '\"') || '"') as trait_value,
+        event_time,
+        received_at,
+        message_id,
+        event_id
+    from keys
+)
+
+select * from final

@@ -1,0 +1,73 @@
+-- One row per deduplicated message of a served customer (grain: event_id), in the shape of the
+-- event record of INTERFACE.md 2.8 (`record`), with typed columns for filtering.
+with messages as (
+    select * from {{ ref('int_messages_identified') }}
+),
+
+traits as (
+    select * from {{ ref('int_customer_traits') }}
+),
+
+regulations as (
+    select * from {{ ref('regulation_state') }}
+),
+
+served as (
+    select messages.*
+    from messages
+    anti join regulations
+        on messages.account_id = regulations.account_id
+        and messages.customer_user_id = regulations.user_id
+),
+
+final as (
+    select
+        served.event_id,
+        served.customer_id,
+        served.customer_user_id as user_id,
+        traits.traits ->> '$.email' as email,
+        lower(traits.traits ->> '$.email') as email_lower,
+        served.event_action,
+        served.event_time,
+        served.received_at as received_time,
+        served.client_id,
+        served.account_id,
+        served.brand_id,
+        served.channel as source,
+        json_object(
+            'id', served.event_id,
+            'customerId', served.customer_id,
+            'userId', served.customer_user_id,
+            'externalId', served.customer_user_id,
+            'email', traits.traits ->> '$.email',
+            'eventId', served.event_id,
+            'eventTime', {{ iso_ts('served.event_time') }},
+            'receivedTime', {{ iso_ts('served.received_at') }},
+            'eventAction', served.event_action,
+            'clientId', served.client_id,
+            'accountId', served.account_id,
+            'brandId', served.brand_id,
+            'source', served.channel,
+            'rawData', json_object(
+                'userId', served.customer_user_id,
+                'anonymousId', served.anonymous_id,
+                'action', served.type,
+                'event', served.event_name,
+                'context', json_object(
+                    'ip', served.context ->> '$.ip',
+                    'user_agent', served.context ->> '$.userAgent',
+                    'traits', coalesce(
+                        case when served.type = 'identify' then served.traits end,
+                        served.context -> '$.traits')
+                ),
+                'properties', coalesce(served.properties, '{}'::json),
+                'timestamp', {{ iso_ts('served.event_time') }},
+                'sendType', served.properties ->> '$.sendType'
+            )
+        ) as record
+    from served
+    left join traits on served.customer_id = traits.customer_id
+    order by served.account_id, served.event_time, served.event_id
+)
+
+select * from final

@@ -1,0 +1,115 @@
+"""Loading landing files into lake.raw.messages, each exactly once.
+
+The rows and the ledger entry of every file are written in one DuckLake transaction, so a crash
+mid-load leaves neither; a rerun loads the file then. One loader runs at a time (a file lock),
+because two concurrent appends would both commit.
+"""
+
+from __future__ import annotations
+
+import fcntl
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from mallard.paths import DataPaths
+from mallard.warehouse import connect
+from orchestration.warehouse import ensure_warehouse
+
+# Bounds the memory and the length of one transaction; the rest waits for the next pass.
+MAX_FILES_PER_TRANSACTION = 2000
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    files: int
+    rows: int
+    pending: int  # files left for a later pass (over the per-transaction cap)
+
+    @property
+    def summary(self) -> str:
+        more = f", {self.pending} more pending" if self.pending else ""
+        return f"{self.files} new landing files, {self.rows} rows{more}"
+
+
+def landing_files(paths: DataPaths) -> list[str]:
+    """Every complete landing file, relative to the landing dir (temp files excluded)."""
+    root = paths.landing_dir
+    if not root.exists():
+        return []
+    return sorted(
+        str(p.relative_to(root))
+        for p in root.glob("date=*/*.parquet")
+        if not p.name.startswith(".")
+    )
+
+
+@contextmanager
+def load_lock(paths: DataPaths) -> Iterator[None]:
+    paths.lake_dir.mkdir(parents=True, exist_ok=True)
+    with open(paths.lake_dir / ".load.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def load_new_files(paths: DataPaths, *, fail_before_commit: bool = False) -> LoadResult:
+    """Load every landing file not in the ledger. `fail_before_commit` is for crash tests."""
+    ensure_warehouse(paths)
+    with load_lock(paths):
+        conn = connect(paths)
+        try:
+            loaded = {r[0] for r in conn.execute(
+                "select landing_file from lake.raw.landing_files").fetchall()}
+            new = [f for f in landing_files(paths) if f not in loaded]
+            batch, pending = new[:MAX_FILES_PER_TRANSACTION], len(new) - MAX_FILES_PER_TRANSACTION
+            if not batch:
+                return LoadResult(0, 0, 0)
+            root = str(paths.landing_dir) + "/"
+            params = {"files": [root + f for f in batch], "root": root,
+                      "now": datetime.now(UTC), "names": batch}
+            conn.execute("begin transaction")
+            conn.execute(
+                """
+                insert into lake.raw.messages
+                select
+                    event_id, message_id, client_id, account_id, brand_id, type, event, user_id,
+                    anonymous_id, "timestamp", received_at, sent_at, channel, source, message,
+                    replace(filename, $root, '') as landing_file,
+                    $now as loaded_at
+                from read_parquet($files, filename = true, hive_partitioning = false)
+                """,
+                {k: params[k] for k in ("files", "root", "now")},
+            )
+            conn.execute(
+                """
+                insert into lake.raw.landing_files
+                select names.landing_file, count(messages.event_id), $now
+                from (select unnest($names) as landing_file) as names
+                left join lake.raw.messages as messages
+                    on messages.landing_file = names.landing_file and messages.loaded_at = $now
+                group by names.landing_file
+                """,
+                {k: params[k] for k in ("names", "now")},
+            )
+            row = conn.execute(
+                "select coalesce(sum(rows), 0) from lake.raw.landing_files where loaded_at = $now",
+                {"now": params["now"]},
+            ).fetchone()
+            if fail_before_commit:
+                raise RuntimeError("injected failure before commit")
+            conn.execute("commit")
+            return LoadResult(len(batch), int(row[0]) if row else 0, max(pending, 0))
+        except BaseException:
+            try:
+                conn.execute("rollback")
+            except Exception:
+                pass
+            raise
+        finally:
+            conn.close()
+
