@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 
 from mallard.paths import DataPaths
 from mallard.warehouse import connect
@@ -63,15 +62,21 @@ def load_new_files(paths: DataPaths, *, fail_before_commit: bool = False) -> Loa
     with load_lock(paths):
         conn = connect(paths)
         try:
-            loaded = {r[0] for r in conn.execute(
-                "select landing_file from lake.raw.landing_files").fetchall()}
+            loaded = {
+                r[0]
+                for r in conn.execute("select landing_file from lake.raw.landing_files").fetchall()
+            }
             new = [f for f in landing_files(paths) if f not in loaded]
             batch, pending = new[:MAX_FILES_PER_TRANSACTION], len(new) - MAX_FILES_PER_TRANSACTION
             if not batch:
                 return LoadResult(0, 0, 0)
             root = str(paths.landing_dir) + "/"
-            params = {"files": [root + f for f in batch], "root": root,
-                      "now": datetime.now(UTC), "names": batch}
+            params = {
+                "files": [root + f for f in batch],
+                "root": root,
+                "now": datetime.now(UTC),
+                "names": batch,
+            }
             conn.execute("begin transaction")
             conn.execute(
                 """
@@ -112,4 +117,3 @@ def load_new_files(paths: DataPaths, *, fail_before_commit: bool = False) -> Loa
             raise
         finally:
             conn.close()
-

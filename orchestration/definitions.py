@@ -1,0 +1,8 @@
+"""Root Dagster definitions: `dagster-webserver -m orchestration.definitions`.
+
+MALLARD_DATA_DIR names the data dir (default ./data); DAGSTER_HOME is <data dir>/dagster.
+"""
+
+from orchestration.defs import build_definitions
+
+defs = build_definitions()

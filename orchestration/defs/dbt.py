@@ -1,0 +1,79 @@
+"""The dbt project as Dagster assets; the manifest is parsed offline when missing or stale."""
+# No `from __future__ import annotations`: Dagster reads the context type hints at runtime.
+
+import fcntl
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+from dagster_dbt import DbtCliResource, dbt_assets
+
+from orchestration.context import DBT_DIR, data_paths, dbt_env
+
+
+def _newest_source_mtime() -> float:
+    files = [DBT_DIR / "dbt_project.yml", DBT_DIR / "profiles.yml"]
+    for sub in ("models", "macros", "tests"):
+        files += [p for p in (DBT_DIR / sub).rglob("*") if p.is_file()]
+    return max(p.stat().st_mtime for p in files if p.exists())
+
+
+def _dbt_executable() -> Path:
+    # The venv's own dbt, whether or not the venv is on PATH (e.g. under `make run`).
+    return Path(sys.executable).parent / "dbt"
+
+
+def ensure_manifest(target: Path) -> Path:
+    """`dbt parse` into target when the manifest is missing or older than the project."""
+    manifest = target / "manifest.json"
+    if manifest.exists() and manifest.stat().st_mtime >= _newest_source_mtime():
+        return manifest
+    target.mkdir(parents=True, exist_ok=True)
+    paths = data_paths()
+    with open(target / ".parse.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if manifest.exists() and manifest.stat().st_mtime >= _newest_source_mtime():
+            return manifest
+        subprocess.run(
+            [
+                str(_dbt_executable()),
+                "parse",
+                "--project-dir",
+                str(DBT_DIR),
+                "--profiles-dir",
+                str(DBT_DIR),
+                "--target-path",
+                str(target),
+                "--log-path",
+                str(paths.dbt_logs),
+                "--quiet",
+            ],
+            check=True,
+            env={**os.environ, **dbt_env(paths)},
+        )
+    return manifest
+
+
+def build_dbt_assets() -> tuple[Any, DbtCliResource]:
+    paths = data_paths()
+    manifest = ensure_manifest(paths.dbt_target)
+
+    @dbt_assets(manifest=manifest, name="dbt_models")
+    def dbt_models(context: dg.AssetExecutionContext, dbt: DbtCliResource) -> Iterator[Any]:
+        os.environ.update(dbt_env(paths))
+        with open(paths.lake_dir / ".build.lock", "w") as lock:
+            # One dbt build at a time: two writers of the same marts would conflict on commit.
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield from dbt.cli(["build"], context=context).stream()
+
+    resource = DbtCliResource(
+        project_dir=str(DBT_DIR),
+        profiles_dir=str(DBT_DIR),
+        target_path=paths.dbt_target,
+        dbt_executable=str(_dbt_executable()),
+    )
+    return dbt_models, resource

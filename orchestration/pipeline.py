@@ -1,0 +1,75 @@
+"""`mallard pipeline run`: the Dagster job in-process, recorded in the instance the UI shows."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import dagster as dg
+
+
+@dataclass(frozen=True)
+class StepResult:
+    name: str
+    ok: bool
+    summary: str
+
+
+def run_pipeline(data_dir: Path) -> list[StepResult]:
+    os.environ["MALLARD_DATA_DIR"] = str(data_dir)
+    os.environ["DAGSTER_HOME"] = str(data_dir / "dagster")
+    os.environ.setdefault("DAGSTER_DISABLE_TELEMETRY", "1")
+    from orchestration.context import data_paths, ensure_dagster_home
+    from orchestration.defs import build_definitions
+
+    ensure_dagster_home(data_paths())
+    try:
+        defs = build_definitions()
+    except Exception as e:  # a broken dbt project fails here, before any run
+        return [StepResult("definitions", False, f"{type(e).__name__}: {e}")]
+    job = defs.get_job_def("pipeline")
+    with dg.DagsterInstance.get() as instance:
+        result = job.execute_in_process(
+            instance=instance,
+            raise_on_error=False,
+            # Quiet console: the CLI prints one line per step; the UI keeps the full log.
+            run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
+        )
+    return summarize(result)
+
+
+def summarize(result: dg.ExecuteInProcessResult) -> list[StepResult]:
+    steps: list[StepResult] = []
+    load = [
+        e
+        for e in result.get_asset_materialization_events()
+        if e.asset_key == dg.AssetKey(["raw", "messages"])
+    ]
+    if load:
+        meta = load[0].materialization.metadata
+        steps.append(StepResult("load", True, str(meta["summary"].value)))
+    models = [
+        e
+        for e in result.get_asset_materialization_events()
+        if e.asset_key != dg.AssetKey(["raw", "messages"])
+    ]
+    checks = [e for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
+    failed_checks = [e for e in checks if not e.event_specific_data.passed]  # type: ignore[union-attr]
+    failures = [e for e in result.all_events if e.is_step_failure]
+    for f in failures:
+        err = f.step_failure_data.error  # type: ignore[union-attr]
+        msg = err.message.strip().splitlines()[-1] if err else "failed"
+        steps.append(StepResult(f.step_key or "step", False, msg))
+    if models or checks:
+        ok = not failed_checks and not any("dbt" in (f.step_key or "") for f in failures)
+        steps.append(
+            StepResult(
+                "dbt build",
+                ok,
+                f"{len(models)} models built, {len(checks) - len(failed_checks)}/{len(checks)} tests passed",
+            )
+        )
+    if not steps:
+        steps.append(StepResult("pipeline", result.success, "nothing ran"))
+    return steps
