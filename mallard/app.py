@@ -14,9 +14,11 @@ from litestar import Litestar, MediaType, Request, Response, get
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from mallard.config import apply_tenants
 from mallard.errors import MallardError, error_body, family_of
+from mallard.ids import new_id
 from mallard.paths import DataPaths
 from mallard.ratelimit import RateLimiter
 from mallard.settings import Settings, get_settings
@@ -54,6 +56,29 @@ def _json_error(request: Request, exc: Exception) -> Response[Any]:
     return Response(body, status_code=status, headers=headers, media_type=MediaType.JSON)
 
 
+class RequestIdMiddleware:
+    """Every HTTP response, errors from the framework included, carries x-mallard-RequestId."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = new_id().encode()
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [
+                    *message.get("headers", []),
+                    (b"x-mallard-RequestId", request_id),
+                ]
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
 @get("/health", operation_id="health", include_in_schema=False, sync_to_thread=False)
 def health(request: Request) -> dict[str, Any]:
     return {"status": "ok", "dataDir": str(request.app.state.paths.root)}
@@ -83,6 +108,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         route_handlers=[health, *COLLECTOR_ROUTES, *API_ROUTES],
         lifespan=[lifespan],
         exception_handlers={Exception: _json_error},
+        middleware=[RequestIdMiddleware],
         request_max_body_size=settings.limits.max_body_bytes,
         openapi_config=OpenAPIConfig(title="Mallard", version="1", path="/schema"),
         debug=False,
