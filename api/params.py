@@ -88,7 +88,8 @@ def profile_id(raw: str) -> tuple[str, str]:
     id_type, sep, value = raw.partition(":")
     if not sep or not value or id_type not in ID_TYPES:
         raise ValidationFailed(
-            f"profile id must be idType:id with idType one of {', '.join(ID_TYPES)}, got {raw[:80]!r}"
+            f"profile id must be idType:id with idType one of {', '.join(ID_TYPES)},"
+            f" got {raw[:80]!r}"
         )
     return id_type, value
 

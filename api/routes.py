@@ -7,6 +7,7 @@ from typing import Any
 
 import msgspec
 from litestar import MediaType, Request, Response, get
+from litestar.params import FromPath
 
 from api.params import (
     MAX_SIZE,
@@ -63,9 +64,9 @@ def _params(request: Request[Any, Any, Any]) -> dict[str, str]:
 )
 def list_events(
     request: Request[Any, Any, Any],
-    clientId: str,
-    accountId: str,  # noqa: N803
-    BRANDID: str,
+    clientId: FromPath[str],
+    accountId: FromPath[str],  # noqa: N803
+    BRANDID: FromPath[str],
 ) -> Response[bytes]:
     authorize(request, clientId, accountId, BRANDID)
     wh: Warehouse = request.app.state.warehouse
@@ -84,9 +85,9 @@ def list_events(
 )
 def list_profiles(
     request: Request[Any, Any, Any],
-    clientId: str,
-    accountId: str,  # noqa: N803
-    BRANDID: str,
+    clientId: FromPath[str],
+    accountId: FromPath[str],  # noqa: N803
+    BRANDID: FromPath[str],
 ) -> Response[bytes]:
     authorize(request, clientId, accountId, BRANDID)
     wh: Warehouse = request.app.state.warehouse
@@ -115,11 +116,11 @@ def list_profiles(
 )
 def get_profile(
     request: Request[Any, Any, Any],
-    clientId: str,
-    accountId: str,  # noqa: N803
-    BRANDID: str,
-    profileId: str,
-    endpoint: str,
+    clientId: FromPath[str],
+    accountId: FromPath[str],  # noqa: N803
+    BRANDID: FromPath[str],
+    profileId: FromPath[str],
+    endpoint: FromPath[str],
 ) -> Response[bytes]:  # noqa: N803
     authorize(request, clientId, accountId, BRANDID)
     if endpoint not in PROFILE_ENDPOINTS:

@@ -88,9 +88,10 @@ def validate(kind: str, msg: Any, *, require_event: bool = True, where: str = ""
     elif kind == "group":
         if not isinstance(msg.get("groupId"), str | int) or msg.get("groupId") == "":
             raise InvalidRequest(f'{where}"groupId" is required for group')
-    elif kind == "alias":
-        if not isinstance(msg.get("previousId"), str) or not msg.get("previousId"):
-            raise InvalidRequest(f'{where}"previousId" is required for alias')
+    elif kind == "alias" and (
+        not isinstance(msg.get("previousId"), str) or not msg.get("previousId")
+    ):
+        raise InvalidRequest(f'{where}"previousId" is required for alias')
 
 
 def batch_item_kind(item: Any, index: int) -> str:

@@ -7,8 +7,9 @@ from typing import Any
 
 import msgspec
 from litestar import MediaType, Request, Response, post
+from litestar.params import FromPath
 
-from collector.messages import CALL_KINDS, Tenant, batch_item_kind, stamp, validate
+from collector.messages import Tenant, batch_item_kind, stamp, validate
 from collector.service import Collector
 from mallard.auth import authorize
 from mallard.errors import InvalidRequest, NotFound, PayloadTooLarge
@@ -74,10 +75,10 @@ def parse_batch(body: bytes, max_item_bytes: int) -> list[tuple[str, dict[str, A
 )
 async def ingest(
     request: Request[Any, Any, Any],
-    clientId: str,
-    accountId: str,  # noqa: N803
-    BRANDID: str,
-    action: str,
+    clientId: FromPath[str],
+    accountId: FromPath[str],  # noqa: N803
+    BRANDID: FromPath[str],
+    action: FromPath[str],
 ) -> Response[bytes]:
     authorize(request, clientId, accountId, BRANDID)
     if action not in SERVER_ACTIONS:

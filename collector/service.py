@@ -39,7 +39,7 @@ class Collector:
         self.roller.close()
 
     async def accept(self, stored: list[dict[str, object]]) -> None:
-        """Returns once every message is durable; raises Unavailable if the log cannot be written."""
+        """Returns once every message is durable; Unavailable if the log cannot be written."""
         try:
             await self.wal.append_async([_encode(m) for m in stored])
         except WalUnavailable as e:

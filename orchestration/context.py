@@ -1,4 +1,4 @@
-"""Where the orchestration runs: the data dir from MALLARD_DATA_DIR, and the environment dbt needs."""
+"""Where the orchestration runs (MALLARD_DATA_DIR) and the environment dbt needs."""
 
 from __future__ import annotations
 

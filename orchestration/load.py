@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import fcntl
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
+
+import duckdb
 
 from mallard.paths import DataPaths
 from mallard.warehouse import connect
@@ -110,10 +112,8 @@ def load_new_files(paths: DataPaths, *, fail_before_commit: bool = False) -> Loa
             conn.execute("commit")
             return LoadResult(len(batch), int(row[0]) if row else 0, max(pending, 0))
         except BaseException:
-            try:
+            with suppress(duckdb.Error):
                 conn.execute("rollback")
-            except Exception:
-                pass
             raise
         finally:
             conn.close()

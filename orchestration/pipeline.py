@@ -67,7 +67,8 @@ def summarize(result: dg.ExecuteInProcessResult) -> list[StepResult]:
             StepResult(
                 "dbt build",
                 ok,
-                f"{len(models)} models built, {len(checks) - len(failed_checks)}/{len(checks)} tests passed",
+                f"{len(models)} models built, "
+                f"{len(checks) - len(failed_checks)}/{len(checks)} tests passed",
             )
         )
     if not steps:

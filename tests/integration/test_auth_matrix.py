@@ -44,13 +44,17 @@ def tenant_routes() -> list[tuple[str, str]]:
         if not route.path.startswith("/track/{"):
             continue
         for method in sorted(getattr(route, "methods", set()) - {"OPTIONS", "HEAD"}):
+            # A route taking {action} stands for every action the collector accepts.
+            actions = list(BODIES) if "{action" in route.path else [""]
+            for action in actions:
 
-            def fill(m: re.Match[str]) -> str:
-                name = m.group(1).split(":")[0]
-                return TENANT.get(name) or OTHER_PARAMS.get(name) or "x"
+                def fill(m: re.Match[str], action: str = action) -> str:
+                    name = m.group(1).split(":")[0]
+                    if name == "action":
+                        return action
+                    return TENANT.get(name) or OTHER_PARAMS.get(name) or "x"
 
-            path = re.sub(r"\{([^}]+)\}", fill, route.path)
-            out.append((method, path))
+                out.append((method, re.sub(r"\{([^}]+)\}", fill, route.path)))
     return sorted(set(out))
 
 
