@@ -154,9 +154,9 @@ class WriteAheadLog:
             return
         os.close(self._fd)
         self._fd = -1
-        path = self._seg_path
-        self._seg_path = None
-        if self._seg_bytes == 0:
+        path, size = self._seg_path, self._seg_bytes
+        self._seg_path, self._seg_bytes = None, 0
+        if size == 0:
             path.unlink()
             return
         sealed = path.with_suffix(SEALED_SUFFIX)

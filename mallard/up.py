@@ -5,6 +5,7 @@ Ctrl-C (or SIGTERM) stops every process it started, by PID.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -61,14 +62,18 @@ def up(data_dir: Path, port: int, dagster_port: int) -> int:
         return proc
 
     def stop_all(*_: object) -> None:
+        # Each child leads its own process group (its workers included): signal the group.
         for _, proc in reversed(procs):
             if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
         for name, proc in reversed(procs):
             try:
                 proc.wait(20)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
             (paths.run_dir / f"{name}.pid").unlink(missing_ok=True)
 
     signal.signal(signal.SIGTERM, lambda *_: (stop_all(), sys.exit(0)))

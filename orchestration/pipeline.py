@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from contextlib import redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,8 +29,11 @@ def run_pipeline(data_dir: Path) -> list[StepResult]:
         defs = build_definitions()
     except Exception as e:  # a broken dbt project fails here, before any run
         return [StepResult("definitions", False, f"{type(e).__name__}: {e}")]
-    job = defs.get_job_def("pipeline")
-    with dg.DagsterInstance.get() as instance:
+    job = defs.resolve_job_def("pipeline")
+    log = data_paths().run_dir / "pipeline.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    # dbt's own progress lines go to a log file; the CLI prints one line per step.
+    with dg.DagsterInstance.get() as instance, open(log, "a") as out, redirect_stdout(out):
         result = job.execute_in_process(
             instance=instance,
             raise_on_error=False,
