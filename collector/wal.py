@@ -90,6 +90,7 @@ class WriteAheadLog:
         self._cond = threading.Condition()
         self._closing = False
         self._failed: BaseException | None = None
+        self._failed_at = 0.0
         self._thread: threading.Thread | None = None
         self._fd = -1
         self._seg_path: Path | None = None
@@ -122,7 +123,8 @@ class WriteAheadLog:
         fut: Future[None] = Future()
         blob = b"".join(frame(p) for p in payloads)
         with self._cond:
-            if self._failed is not None or self._closing:
+            failing = self._failed is not None and time.monotonic() - self._failed_at < 1.0
+            if failing or self._closing:
                 fut.set_exception(WalUnavailable(f"write-ahead log unavailable: {self._failed}"))
                 return fut
             self._pending.append((blob, fut))
@@ -198,7 +200,7 @@ class WriteAheadLog:
     def _write(self, batch: list[tuple[bytes, Future[None]]]) -> None:
         try:
             if self._failed is not None:
-                raise WalUnavailable(str(self._failed))
+                self._try_recover()
             if self._fd < 0:
                 self._open_segment()
             data = b"".join(blob for blob, _ in batch)
@@ -212,6 +214,7 @@ class WriteAheadLog:
             self._seg_bytes += len(data)
             self.records_written += len(batch)
         except OSError as e:
+            self._undo_partial_write()
             self._fail(e)
             for _, fut in batch:
                 fut.set_exception(WalUnavailable(f"write-ahead log unavailable: {e}"))
@@ -219,10 +222,31 @@ class WriteAheadLog:
         for _, fut in batch:
             fut.set_result(None)
 
+    def _undo_partial_write(self) -> None:
+        # Cut back to the last acknowledged byte, so records whose requests got an error are
+        # not landed later (a torn frame would be dropped anyway; a whole one would not).
+        if self._fd >= 0:
+            try:
+                os.ftruncate(self._fd, self._seg_bytes)
+            except OSError:
+                pass
+
+    def _try_recover(self) -> None:
+        """After a failure, retry on a fresh segment once a second (e.g. the disk was freed)."""
+        if time.monotonic() - self._failed_at < 1.0:
+            raise WalUnavailable(str(self._failed))
+        try:
+            self._seal()
+        except OSError:
+            self._fd, self._seg_path, self._seg_bytes = -1, None, 0
+        self._open_segment()  # raises if the disk still refuses
+        self._failed = None
+
     def _fail(self, exc: BaseException) -> None:
-        # After a failed write the segment's tail is unknown: stop accepting until restart,
-        # so nothing is acknowledged that recovery might not find. Earlier records are synced.
+        # Until a fresh segment opens, refuse appends at once: nothing is acknowledged that
+        # recovery might not find. Records acknowledged earlier were synced and stay.
         self._failed = exc
+        self._failed_at = time.monotonic()
         with self._cond:
             pending, self._pending = self._pending, []
         for _, fut in pending:

@@ -1,0 +1,170 @@
+"""Server ingestion through a real `mallard serve`: every rule and status code of issue 3."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import Server, free_port, init_data_dir, landed_event_ids, wait_landed
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    d = tmp_path_factory.mktemp("collector") / "data"
+    server = Server(d, free_port(), init_data_dir(d),
+                    env={"MALLARD_ROLL_INTERVAL_S": "0.2", "MALLARD_RATE_BURST": "100000"})
+    server.start()
+    yield server
+    server.stop()
+
+
+def landed_messages(data_dir: Path) -> dict[str, dict[str, Any]]:
+    out = {}
+    for f in sorted((data_dir / "landing").glob("date=*/*.parquet")):
+        for m in pq.read_table(f, columns=["message"]).column("message").to_pylist():
+            msg = json.loads(m)
+            out[msg["eventId"]] = msg
+    return out
+
+
+VALID = {
+    "identify": {"userId": "u1", "event": "identify", "traits": {"plan": "pro"}},
+    "track": {"userId": "u1", "event": "Signed Up", "properties": {"x": 1}},
+    "page": {"anonymousId": "a1", "event": "page", "properties": {"path": "/"}},
+    "screen": {"userId": "u1", "name": "Home"},
+}
+
+
+@pytest.mark.parametrize("action", list(VALID))
+def test_valid_calls_are_stored_with_server_fields(srv: Server, action: str) -> None:
+    r = srv.post(action, VALID[action])
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["success"] is True and body["eventId"]
+    wait_landed(srv.data_dir, [body["eventId"]])
+    stored = landed_messages(srv.data_dir)[body["eventId"]]
+    assert stored["type"] == action
+    assert stored["channel"] == "server" and stored["version"] == "1"
+    assert (stored["clientId"], stored["accountId"], stored["brandId"]) == ("demo", "demo", "DEMO")
+    for field in ("messageId", "receivedAt", "timestamp"):
+        assert stored[field]
+    assert "ip" not in stored["context"]
+
+
+@pytest.mark.parametrize(
+    ("action", "body", "message"),
+    [
+        ("track", {"event": "E"}, '"userId" or "anonymousId" is required'),
+        ("track", {"userId": 1, "event": "E"}, '"userId" must be a non-empty string'),
+        ("track", {"userId": "u", "anonymousId": ["x"], "event": "E"},
+         '"anonymousId" must be a non-empty string'),
+        ("track", {"userId": "u"}, '"event" is required for track'),
+        ("track", {"userId": "u", "event": 7}, '"event" is required for track'),
+        ("identify", {"userId": "u", "traits": {}}, '"event" must be "identify"'),
+        ("identify", {"userId": "u", "event": "identify"}, '"traits" is required for identify'),
+        ("identify", {"userId": "u", "event": "identify", "traits": "x"},
+         '"traits" must be an object'),
+        ("page", {"userId": "u"}, '"event" must be "page"'),
+        ("screen", {"userId": "u", "name": {}}, '"name" must be a string'),
+        ("track", {"userId": "u", "event": "E", "properties": 1}, '"properties" must be an object'),
+        ("track", {"userId": "u", "event": "E", "context": []}, '"context" must be an object'),
+        ("track", {"userId": "u", "event": "E", "timestamp": "not a time"},
+         '"timestamp" must be an ISO-8601'),
+        ("track", {"userId": "u", "event": "E", "sentAt": 5}, '"sentAt" must be an ISO-8601'),
+        ("batch", {"batch": []}, '"batch" must not be empty'),
+        ("batch", {"items": []}, '"batch" is required'),
+        ("batch", {"batch": [{"type": "track", "userId": "u", "event": "E"},
+                             {"event": "Clicked", "userId": "u"}]}, "batch[1]"),
+        ("batch", {"batch": [{"type": "track", "userId": "u"}]}, 'batch[0]: "event" is required'),
+    ],
+)
+def test_invalid_calls_are_400_naming_field_and_rule(srv: Server, action: str, body: Any,
+                                                     message: str) -> None:
+    before = len(landed_event_ids(srv.data_dir))
+    r = srv.post(action, body)
+    assert r.status_code == 400, r.text
+    assert r.json()["success"] is False
+    assert message in r.json()["message"]
+    assert len(landed_event_ids(srv.data_dir)) == before
+
+
+def test_body_that_is_not_json(srv: Server) -> None:
+    r = httpx.post(f"{srv.base}/track", content=b"{nope", headers=srv.headers)
+    assert r.status_code == 400 and "not valid JSON" in r.json()["message"]
+    r = httpx.post(f"{srv.base}/track", content=b"[1,2]", headers=srv.headers)
+    assert r.status_code == 400 and "JSON object" in r.json()["message"]
+
+
+def test_batch(srv: Server) -> None:
+    body = {
+        "context": {"app": {"name": "shop"}, "locale": "en-GB"},
+        "batch": [
+            {"type": "identify", "userId": "b1", "traits": {"email": "b1@example.com"}},
+            {"event": "page", "anonymousId": "an1", "context": {"locale": "pt-PT"}},
+            {"type": "track", "userId": "b1", "event": "Bought", "messageId": "mid-1"},
+            {"type": "screen", "userId": "b1", "name": "Cart"},
+            {"type": "group", "userId": "b1", "groupId": "g1"},
+        ],
+    }
+    r = srv.post("batch", body)
+    assert r.status_code == 200, r.text
+    ids = r.json()["eventIds"]
+    assert len(ids) == 5 and r.json()["eventId"] == ids[0] and len(set(ids)) == 5
+    wait_landed(srv.data_dir, ids)
+    stored = landed_messages(srv.data_dir)
+    types = [stored[i]["type"] for i in ids]
+    assert types == ["identify", "page", "track", "screen", "group"]
+    assert stored[ids[0]]["context"] == {"app": {"name": "shop"}, "locale": "en-GB"}
+    assert stored[ids[1]]["context"]["locale"] == "pt-PT"  # the item's own key wins
+    assert stored[ids[2]]["messageId"] == "mid-1"
+
+
+def test_status_codes(srv: Server) -> None:
+    r = srv.post("nope", VALID["track"])
+    assert r.status_code == 404 and r.json()["success"] is False
+    r = httpx.get(f"{srv.base}/track", headers=srv.headers)
+    assert r.status_code == 405
+    assert r.headers["content-type"].startswith("application/json")
+    r = httpx.post(f"{srv.base}/track", json=VALID["track"])
+    assert r.status_code == 403 and r.json() == {"success": False,
+                                                 "message": "missing auth-token header"}
+
+
+def test_size_limits(srv: Server) -> None:
+    big = {"userId": "u", "event": "E", "properties": {"blob": "x" * 33_000}}
+    r = srv.post("track", big)
+    assert r.status_code == 413 and r.json()["success"] is False
+    item = {**VALID["track"], "type": "track"}
+    r = srv.post("batch", {"batch": [item, {**big, "type": "track"}]})
+    assert r.status_code == 413 and "batch[1]" in r.json()["message"]
+    # Many small items are fine as long as the whole body is under 1 MB ...
+    r = srv.post("batch", {"batch": [item] * 500})
+    assert r.status_code == 200 and len(r.json()["eventIds"]) == 500
+    # ... and over 1 MB the body is refused before it is parsed.
+    huge = b'{"batch":[' + b",".join([json.dumps(item).encode()] * 25_000) + b"]}"
+    assert len(huge) > 1_048_576
+    r = httpx.post(f"{srv.base}/batch", content=huge, headers=srv.headers)
+    assert r.status_code == 413
+    assert r.json()["success"] is False
+
+
+def test_rate_limit(server_factory: Any) -> None:
+    server = server_factory(env={"MALLARD_RATE_PER_SECOND": "1", "MALLARD_RATE_BURST": "3"})
+    codes = [server.post("track", VALID["track"]).status_code for _ in range(3)]
+    assert codes == [200, 200, 200]
+    r = server.post("track", VALID["track"])
+    assert r.status_code == 429
+    assert r.json()["success"] is False
+    assert int(r.headers["retry-after"]) >= 1
+
+
+def test_direct_calls_record_the_request_ip(srv: Server) -> None:
+    r = srv.post("track", {**VALID["track"], "context": {"direct": True}})
+    wait_landed(srv.data_dir, [r.json()["eventId"]])
+    assert landed_messages(srv.data_dir)[r.json()["eventId"]]["context"]["ip"] == "127.0.0.1"
