@@ -12,6 +12,7 @@ Segments are named `<seq>.wal` while open and renamed `<seq>.sealed` when rotate
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import struct
 import threading
@@ -226,10 +227,8 @@ class WriteAheadLog:
         # Cut back to the last acknowledged byte, so records whose requests got an error are
         # not landed later (a torn frame would be dropped anyway; a whole one would not).
         if self._fd >= 0:
-            try:
+            with contextlib.suppress(OSError):
                 os.ftruncate(self._fd, self._seg_bytes)
-            except OSError:
-                pass
 
     def _try_recover(self) -> None:
         """After a failure, retry on a fresh segment once a second (e.g. the disk was freed)."""

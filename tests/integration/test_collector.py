@@ -17,8 +17,12 @@ from tests.conftest import Server, free_port, init_data_dir, landed_event_ids, w
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     d = tmp_path_factory.mktemp("collector") / "data"
-    server = Server(d, free_port(), init_data_dir(d),
-                    env={"MALLARD_ROLL_INTERVAL_S": "0.2", "MALLARD_RATE_BURST": "100000"})
+    server = Server(
+        d,
+        free_port(),
+        init_data_dir(d),
+        env={"MALLARD_ROLL_INTERVAL_S": "0.2", "MALLARD_RATE_BURST": "100000"},
+    )
     server.start()
     yield server
     server.stop()
@@ -62,30 +66,48 @@ def test_valid_calls_are_stored_with_server_fields(srv: Server, action: str) -> 
     [
         ("track", {"event": "E"}, '"userId" or "anonymousId" is required'),
         ("track", {"userId": 1, "event": "E"}, '"userId" must be a non-empty string'),
-        ("track", {"userId": "u", "anonymousId": ["x"], "event": "E"},
-         '"anonymousId" must be a non-empty string'),
+        (
+            "track",
+            {"userId": "u", "anonymousId": ["x"], "event": "E"},
+            '"anonymousId" must be a non-empty string',
+        ),
         ("track", {"userId": "u"}, '"event" is required for track'),
         ("track", {"userId": "u", "event": 7}, '"event" is required for track'),
         ("identify", {"userId": "u", "traits": {}}, '"event" must be "identify"'),
         ("identify", {"userId": "u", "event": "identify"}, '"traits" is required for identify'),
-        ("identify", {"userId": "u", "event": "identify", "traits": "x"},
-         '"traits" must be an object'),
+        (
+            "identify",
+            {"userId": "u", "event": "identify", "traits": "x"},
+            '"traits" must be an object',
+        ),
         ("page", {"userId": "u"}, '"event" must be "page"'),
         ("screen", {"userId": "u", "name": {}}, '"name" must be a string'),
         ("track", {"userId": "u", "event": "E", "properties": 1}, '"properties" must be an object'),
         ("track", {"userId": "u", "event": "E", "context": []}, '"context" must be an object'),
-        ("track", {"userId": "u", "event": "E", "timestamp": "not a time"},
-         '"timestamp" must be an ISO-8601'),
+        (
+            "track",
+            {"userId": "u", "event": "E", "timestamp": "not a time"},
+            '"timestamp" must be an ISO-8601',
+        ),
         ("track", {"userId": "u", "event": "E", "sentAt": 5}, '"sentAt" must be an ISO-8601'),
         ("batch", {"batch": []}, '"batch" must not be empty'),
         ("batch", {"items": []}, '"batch" is required'),
-        ("batch", {"batch": [{"type": "track", "userId": "u", "event": "E"},
-                             {"event": "Clicked", "userId": "u"}]}, "batch[1]"),
+        (
+            "batch",
+            {
+                "batch": [
+                    {"type": "track", "userId": "u", "event": "E"},
+                    {"event": "Clicked", "userId": "u"},
+                ]
+            },
+            "batch[1]",
+        ),
         ("batch", {"batch": [{"type": "track", "userId": "u"}]}, 'batch[0]: "event" is required'),
     ],
 )
-def test_invalid_calls_are_400_naming_field_and_rule(srv: Server, action: str, body: Any,
-                                                     message: str) -> None:
+def test_invalid_calls_are_400_naming_field_and_rule(
+    srv: Server, action: str, body: Any, message: str
+) -> None:
     before = len(landed_event_ids(srv.data_dir))
     r = srv.post(action, body)
     assert r.status_code == 400, r.text
@@ -132,8 +154,10 @@ def test_status_codes(srv: Server) -> None:
     assert r.status_code == 405
     assert r.headers["content-type"].startswith("application/json")
     r = httpx.post(f"{srv.base}/track", json=VALID["track"])
-    assert r.status_code == 403 and r.json() == {"success": False,
-                                                 "message": "missing auth-token header"}
+    assert r.status_code == 403 and r.json() == {
+        "success": False,
+        "message": "missing auth-token header",
+    }
 
 
 def test_size_limits(srv: Server) -> None:

@@ -19,8 +19,9 @@ from tests.conftest import Server, free_port, init_data_dir, landed_event_ids
 TRACK = {"userId": "d1", "event": "Durable", "properties": {"pad": "p" * 200}}
 
 
-def load(server: Server, stop: threading.Event, acked: list[str], workers: int = 6,
-         batch_every: int = 5) -> list[threading.Thread]:
+def load(
+    server: Server, stop: threading.Event, acked: list[str], workers: int = 6, batch_every: int = 5
+) -> list[threading.Thread]:
     """Concurrent clients posting until stopped; records every acknowledged eventId."""
 
     def client() -> None:
@@ -30,8 +31,10 @@ def load(server: Server, stop: threading.Event, acked: list[str], workers: int =
                 n += 1
                 try:
                     if n % batch_every == 0:
-                        r = c.post(f"{server.base}/batch", json={"batch": [
-                            {**TRACK, "type": "track"}] * 10})
+                        r = c.post(
+                            f"{server.base}/batch",
+                            json={"batch": [{**TRACK, "type": "track"}] * 10},
+                        )
                         if r.status_code == 200:
                             acked.extend(r.json()["eventIds"])
                     else:
@@ -68,8 +71,12 @@ def test_sigterm_drains_and_lands_everything(server: Server) -> None:
 
 def test_sigkill_under_load_loses_nothing_acknowledged(tmp_path: Path) -> None:
     d = tmp_path / "data"
-    server = Server(d, free_port(), init_data_dir(d),
-                    env={"MALLARD_ROLL_INTERVAL_S": "0.3", "MALLARD_RATE_BURST": "1000000"})
+    server = Server(
+        d,
+        free_port(),
+        init_data_dir(d),
+        env={"MALLARD_ROLL_INTERVAL_S": "0.3", "MALLARD_RATE_BURST": "1000000"},
+    )
     acked: list[str] = []
     for round_ in range(4):
         server.port = free_port()
@@ -96,15 +103,22 @@ def test_sigkill_under_load_loses_nothing_acknowledged(tmp_path: Path) -> None:
 def test_full_disk_answers_503_and_keeps_what_was_acknowledged(tmp_path: Path) -> None:
     mnt = tmp_path / "small-disk"
     mnt.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)],
-                             capture_output=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)], capture_output=True
+    )
     if mounted.returncode != 0:
-        pytest.skip("SKIPPED LOUDLY: cannot mount a small tmpfs here (needs root); the "
-                    "disk-full behaviour is NOT checked in this run")
+        pytest.skip(
+            "SKIPPED LOUDLY: cannot mount a small tmpfs here (needs root); the "
+            "disk-full behaviour is NOT checked in this run"
+        )
     try:
         d = mnt / "data"
-        server = Server(d, free_port(), init_data_dir(d),
-                        env={"MALLARD_ROLL_INTERVAL_S": "60", "MALLARD_RATE_BURST": "1000000"})
+        server = Server(
+            d,
+            free_port(),
+            init_data_dir(d),
+            env={"MALLARD_ROLL_INTERVAL_S": "60", "MALLARD_RATE_BURST": "1000000"},
+        )
         server.start()
         free = shutil.disk_usage(mnt).free
         filler = mnt / "filler"
@@ -113,7 +127,9 @@ def test_full_disk_answers_503_and_keeps_what_was_acknowledged(tmp_path: Path) -
         acked, codes = [], Counter()
         with httpx.Client(headers=server.headers, timeout=10) as c:
             for _ in range(2000):
-                r = c.post(f"{server.base}/batch", json={"batch": [{**TRACK, "type": "track"}] * 20})
+                r = c.post(
+                    f"{server.base}/batch", json={"batch": [{**TRACK, "type": "track"}] * 20}
+                )
                 codes[r.status_code] += 1
                 if r.status_code == 200:
                     acked.extend(r.json()["eventIds"])
