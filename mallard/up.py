@@ -61,9 +61,9 @@ def up(data_dir: Path, port: int, dagster_port: int) -> int:
         procs.append((name, proc))
         return proc
 
-    def stop_all(*_: object) -> None:
+    def stop_all() -> None:
         # Each child leads its own process group (its workers included): signal the group.
-        for _, proc in reversed(procs):
+        for _name, proc in reversed(procs):
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGTERM)
@@ -76,7 +76,11 @@ def up(data_dir: Path, port: int, dagster_port: int) -> int:
                 proc.wait()
             (paths.run_dir / f"{name}.pid").unlink(missing_ok=True)
 
-    signal.signal(signal.SIGTERM, lambda *_: (stop_all(), sys.exit(0)))
+    def on_sigterm(*_: object) -> None:
+        stop_all()
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     try:
         url = f"http://127.0.0.1:{port}"
         server = start("server", [*mallard, "serve", "--port", str(port)])

@@ -51,7 +51,7 @@ def ensure_extensions(paths: DataPaths) -> Path:
     return paths.extensions_dir
 
 
-def duckdb_config(paths: DataPaths) -> dict[str, str]:
+def duckdb_config(paths: DataPaths) -> dict[str, str | bool | int | float | list[str]]:
     """Connection settings shared by every process, dbt's profile included."""
     return {
         "extension_directory": str(ensure_extensions(paths)),

@@ -21,7 +21,7 @@ def build_definitions() -> dg.Definitions:
     return dg.Definitions(
         assets=[raw_messages, dbt_models],
         jobs=[pipeline],
-        sensors=[new_files_sensor(pipeline)],
-        schedules=[backstop_schedule(pipeline)],
+        sensors=[new_files_sensor(pipeline.name)],
+        schedules=[backstop_schedule(pipeline.name)],
         resources={"dbt": dbt_resource},
     )

@@ -28,9 +28,9 @@ def raw_messages(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
     )
 
 
-def new_files_sensor(job: dg.JobDefinition) -> dg.SensorDefinition:
+def new_files_sensor(job_name: str) -> dg.SensorDefinition:
     @dg.sensor(
-        job=job,
+        job_name=job_name,
         minimum_interval_seconds=10,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description="Runs the pipeline when new landing files appear.",
@@ -45,10 +45,10 @@ def new_files_sensor(job: dg.JobDefinition) -> dg.SensorDefinition:
     return landing_files_sensor
 
 
-def backstop_schedule(job: dg.JobDefinition) -> dg.ScheduleDefinition:
+def backstop_schedule(job_name: str) -> dg.ScheduleDefinition:
     return dg.ScheduleDefinition(
         name="pipeline_backstop",
-        job=job,
+        job_name=job_name,
         cron_schedule="*/15 * * * *",
         default_status=dg.DefaultScheduleStatus.RUNNING,
         description="Runs the pipeline even if the sensor misses files.",

@@ -5,15 +5,30 @@ with messages as (
 ),
 
 identifiers as (
-    select customer_id, account_id, 'userId' as id_type, customer_user_id as id_value, event_time
+    select
+        customer_id,
+        account_id,
+        'userId' as id_type,
+        customer_user_id as id_value,
+        event_time
     from messages
     where customer_user_id is not null
     union all
-    select customer_id, account_id, 'anonymousId', anonymous_id, event_time
+    select
+        customer_id,
+        account_id,
+        'anonymousId' as id_type,
+        anonymous_id as id_value,
+        event_time
     from messages
     where anonymous_id is not null
     union all
-    select customer_id, account_id, 'email', json_extract_string(traits, '$.email'), event_time
+    select
+        customer_id,
+        account_id,
+        'email' as id_type,
+        json_extract_string(traits, '$.email') as id_value,
+        event_time
     from messages
     where type = 'identify' and json_extract_string(traits, '$.email') is not null
 ),

@@ -60,9 +60,17 @@ derived as (
 ),
 
 all_traits as (
-    select customer_id, trait_key, trait_value from latest
+    select
+        customer_id,
+        trait_key,
+        trait_value
+    from latest
     union all
-    select customer_id, trait_key, trait_value from derived
+    select
+        customer_id,
+        trait_key,
+        trait_value
+    from derived
 ),
 
 grouped as (

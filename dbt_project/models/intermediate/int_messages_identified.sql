@@ -19,9 +19,10 @@ resolved as (
         end as customer_key
     from messages
     left join identity_map
-        on messages.account_id = identity_map.account_id
-        and messages.anonymous_id = identity_map.anonymous_id
-        and messages.user_id is null
+        on
+            messages.account_id = identity_map.account_id
+            and messages.anonymous_id = identity_map.anonymous_id
+            and messages.user_id is null
 ),
 
 final as (

@@ -86,8 +86,9 @@ assembled as (
     inner join traits on base.customer_id = traits.customer_id
     inner join first_last on base.customer_id = first_last.customer_id
     anti join regulations
-        on base.account_id = regulations.account_id
-        and base.user_id = regulations.user_id
+        on
+            base.account_id = regulations.account_id
+            and base.user_id = regulations.user_id
 ),
 
 final as (

@@ -16,8 +16,9 @@ served as (
     select messages.*
     from messages
     anti join regulations
-        on messages.account_id = regulations.account_id
-        and messages.customer_user_id = regulations.user_id
+        on
+            messages.account_id = regulations.account_id
+            and messages.customer_user_id = regulations.user_id
 ),
 
 final as (
@@ -58,7 +59,8 @@ final as (
                     'user_agent', served.context ->> '$.userAgent',
                     'traits', coalesce(
                         case when served.type = 'identify' then served.traits end,
-                        served.context -> '$.traits')
+                        served.context -> '$.traits'
+                    )
                 ),
                 'properties', coalesce(served.properties, '{}'::json),
                 'timestamp', {{ iso_ts('served.event_time') }},

@@ -14,7 +14,7 @@ final as (
         event,
         user_id,
         anonymous_id,
-        "timestamp" as event_time,
+        "timestamp" as event_time,  -- noqa: RF06
         received_at,
         sent_at,
         channel,
