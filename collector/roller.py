@@ -8,9 +8,9 @@ segment again: files already renamed are kept, and none is written twice.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
-import queue
-import threading
+from concurrent.futures import Future, ProcessPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -58,7 +58,9 @@ def records_to_tables(records: list[bytes]) -> dict[str, pa.Table]:
 
 def _write_atomic(table: pa.Table, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.tmp"
+    # A per-process temp name: a roller orphaned by a killed server may still be finishing the
+    # same segment while the next server's recovery rolls it; both produce the same file.
+    tmp = target.parent / f".{target.name}.{os.getpid()}.tmp"
     pq.write_table(table, tmp, compression="zstd")
     fd = os.open(tmp, os.O_RDONLY)
     try:
@@ -71,7 +73,10 @@ def _write_atomic(table: pa.Table, target: Path) -> None:
 
 def roll_segment(segment: Path, paths: DataPaths, collector_id: str) -> list[Path]:
     """Land one segment's intact records; returns the landing files (new or already there)."""
-    records = list(read_records(segment))
+    try:
+        records = list(read_records(segment))
+    except FileNotFoundError:  # landed meanwhile by another roller (see _write_atomic)
+        return []
     seq = segment_seq(segment)
     out = []
     for day, table in sorted(records_to_tables(records).items()):
@@ -79,7 +84,7 @@ def roll_segment(segment: Path, paths: DataPaths, collector_id: str) -> list[Pat
         if not target.exists():
             _write_atomic(table, target)
         out.append(target)
-    segment.unlink()
+    segment.unlink(missing_ok=True)
     fsync_dir(segment.parent)
     return out
 
@@ -94,32 +99,42 @@ def recover(wal_dir: Path, paths: DataPaths, collector_id: str) -> int:
     return last + 1
 
 
+def _warm() -> None:
+    """Runs in the worker at start, so the first roll does not pay for imports."""
+
+
 class Roller:
-    """A thread that lands segments as the log seals them."""
+    """Lands segments as the log seals them, in a separate process.
+
+    Converting records to Parquet is CPU work under the GIL; in the server process it would
+    stall request handling for tens of milliseconds every roll. A one-worker process pool
+    keeps it off the event loop's core; rolls stay in seal order.
+    """
 
     def __init__(self, paths: DataPaths, collector_id: str) -> None:
         self.paths = paths
         self.collector_id = collector_id
-        self._queue: queue.Queue[Path | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="wal-roller", daemon=True)
+        self._pool: ProcessPoolExecutor | None = None
         self.errors: list[str] = []
 
     def start(self) -> None:
-        self._thread.start()
+        self._pool = ProcessPoolExecutor(
+            max_workers=1, mp_context=multiprocessing.get_context("spawn")
+        )
+        self._pool.submit(_warm)
 
     def submit(self, segment: Path) -> None:
-        self._queue.put(segment)
+        assert self._pool is not None, "Roller.start() first"
+        fut = self._pool.submit(roll_segment, segment, self.paths, self.collector_id)
+        fut.add_done_callback(lambda f: self._check(segment, f))
+
+    def _check(self, segment: Path, fut: Future[list[Path]]) -> None:
+        exc = fut.exception()
+        if exc is not None:  # the segment stays on disk; the next recovery lands it
+            self.errors.append(f"{segment.name}: {exc}")
 
     def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join()
-
-    def _run(self) -> None:
-        while True:
-            seg = self._queue.get()
-            if seg is None:
-                return
-            try:
-                roll_segment(seg, self.paths, self.collector_id)
-            except Exception as e:  # kept on disk; landed by the next recovery
-                self.errors.append(f"{seg.name}: {e}")
+        """Wait until every submitted segment has landed."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None

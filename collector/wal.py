@@ -21,6 +21,10 @@ import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Union
+
+# Who waits for a record: a thread (concurrent Future) or a coroutine (asyncio Future).
+Waiter = Union[Future[None], "asyncio.Future[None]"]
 
 HEADER = struct.Struct("<II")
 OPEN_SUFFIX = ".wal"
@@ -62,6 +66,33 @@ def list_segments(wal_dir: Path) -> list[Path]:
     )
 
 
+def settle(waiters: list[Waiter], error: str | None) -> None:
+    """Complete waiters from the writer thread: each event loop is woken once per group
+    commit for all of its waiters, not once per request."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
+    for w in waiters:
+        if isinstance(w, Future):
+            if error is None:
+                w.set_result(None)
+            else:
+                w.set_exception(WalUnavailable(error))
+        else:
+            by_loop.setdefault(w.get_loop(), []).append(w)
+    for loop, futs in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is waiting
+            loop.call_soon_threadsafe(_settle_in_loop, futs, error)
+
+
+def _settle_in_loop(futs: list[asyncio.Future[None]], error: str | None) -> None:
+    for f in futs:
+        if f.done():  # the request was cancelled (client went away)
+            continue
+        if error is None:
+            f.set_result(None)
+        else:
+            f.set_exception(WalUnavailable(error))
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -87,7 +118,7 @@ class WriteAheadLog:
         self.roll_max_bytes = roll_max_bytes
         self.fsync = fsync
         self.on_seal = on_seal
-        self._pending: list[tuple[bytes, Future[None]]] = []
+        self._pending: list[tuple[bytes, Waiter]] = []
         self._cond = threading.Condition()
         self._closing = False
         self._failed: BaseException | None = None
@@ -122,18 +153,24 @@ class WriteAheadLog:
     def append(self, payloads: list[bytes]) -> Future[None]:
         """Queue records; the future completes after they are durable (or fails)."""
         fut: Future[None] = Future()
-        blob = b"".join(frame(p) for p in payloads)
-        with self._cond:
-            failing = self._failed is not None and time.monotonic() - self._failed_at < 1.0
-            if failing or self._closing:
-                fut.set_exception(WalUnavailable(f"write-ahead log unavailable: {self._failed}"))
-                return fut
-            self._pending.append((blob, fut))
-            self._cond.notify()
+        self._enqueue(payloads, fut)
         return fut
 
     async def append_async(self, payloads: list[bytes]) -> None:
-        await asyncio.wrap_future(self.append(payloads))
+        """Returns once the records are durable; raises WalUnavailable if they cannot be."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._enqueue(payloads, fut)
+        await fut
+
+    def _enqueue(self, payloads: list[bytes], waiter: Waiter) -> None:
+        blob = b"".join(frame(p) for p in payloads)
+        with self._cond:
+            failing = self._failed is not None and time.monotonic() - self._failed_at < 1.0
+            if not (failing or self._closing):
+                self._pending.append((blob, waiter))
+                self._cond.notify()
+                return
+        settle([waiter], f"write-ahead log unavailable: {self._failed or 'closing'}")
 
     @property
     def healthy(self) -> bool:
@@ -198,7 +235,7 @@ class WriteAheadLog:
             if closing and not batch:
                 return
 
-    def _write(self, batch: list[tuple[bytes, Future[None]]]) -> None:
+    def _write(self, batch: list[tuple[bytes, Waiter]]) -> None:
         try:
             if self._failed is not None:
                 self._try_recover()
@@ -217,11 +254,9 @@ class WriteAheadLog:
         except OSError as e:
             self._undo_partial_write()
             self._fail(e)
-            for _, fut in batch:
-                fut.set_exception(WalUnavailable(f"write-ahead log unavailable: {e}"))
+            settle([w for _, w in batch], f"write-ahead log unavailable: {e}")
             return
-        for _, fut in batch:
-            fut.set_result(None)
+        settle([w for _, w in batch], None)
 
     def _undo_partial_write(self) -> None:
         # Cut back to the last acknowledged byte, so records whose requests got an error are
@@ -248,5 +283,4 @@ class WriteAheadLog:
         self._failed_at = time.monotonic()
         with self._cond:
             pending, self._pending = self._pending, []
-        for _, fut in pending:
-            fut.set_exception(WalUnavailable(f"write-ahead log unavailable: {exc}"))
+        settle([w for _, w in pending], f"write-ahead log unavailable: {exc}")

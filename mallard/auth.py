@@ -23,12 +23,10 @@ def authorize(request: Request, client_id: str, account_id: str, brand_id: str) 
     secret = request.headers.get(TOKEN_HEADER)
     if not secret:
         raise Unauthenticated(f"missing {TOKEN_HEADER} header")
-    scope = control.authenticate(secret)
+    scope, tenant_exists = control.access(secret, client_id, account_id, brand_id)
     if scope is None:
         raise Unauthenticated(f"invalid {TOKEN_HEADER}")
-    if not scope.allows(client_id, account_id, brand_id) or not control.tenant_exists(
-        client_id, account_id, brand_id
-    ):
+    if not (tenant_exists and scope.allows(client_id, account_id, brand_id)):
         raise Forbidden(f"token not authorised for {client_id}/{account_id}/{brand_id}")
     limit(request, "token:" + hashlib.sha256(secret.encode()).hexdigest()[:16])
     return scope

@@ -7,6 +7,7 @@ Secrets are shown once at creation and stored only as SHA-256 hashes; a token is
 from __future__ import annotations
 
 import hashlib
+import os
 import secrets
 import sqlite3
 import threading
@@ -125,11 +126,35 @@ def _hash(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
+@dataclass(frozen=True)
+class _Snapshot:
+    """What the request path reads on every call, held in memory between changes."""
+
+    tokens: dict[str, Scope]  # secret hash -> scope of a live token
+    write_keys: dict[str, Source]  # key hash -> destination of a live writeKey
+    accounts: dict[tuple[str, str], tuple[str, ...]]  # (client, account) -> brands
+
+    def has_tenant(self, client_id: str, account_id: str, brand_id: str) -> bool:
+        """Section 1: with no brands configured, BRANDID is the accountId in upper case."""
+        brands = self.accounts.get((client_id, account_id))
+        if brands is None:
+            return False
+        return brand_id in brands if brands else brand_id == account_id.upper()
+
+
 class ControlStore:
-    """Thread-safe access to the control database; one short transaction per call."""
+    """Thread-safe access to the control database; one short transaction per call.
+
+    Lookups on the request path (tokens, writeKeys, tenants) read an in-memory snapshot that
+    is reloaded whenever the database changes: `pragma data_version` reveals commits by any
+    other connection (the CLI revoking a token in another process), and this store's own
+    writes drop the snapshot. So a revoked token fails on its next request, at the cost of
+    one cheap pragma per request instead of several queries.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._wal_path = path.with_name(path.name + "-wal")
         path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
         with self._conn() as conn:
@@ -144,19 +169,75 @@ class ControlStore:
             self._local.conn = conn
         return conn
 
+    def _write(self, sql: str, params: tuple[object, ...]) -> sqlite3.Cursor:
+        cur = self._conn().execute(sql, params)
+        self._local.snapshot = None
+        return cur
+
+    def _files_signature(self) -> tuple[int, ...]:
+        sig: list[int] = []
+        for p in (self.path, self._wal_path):
+            try:
+                st = os.stat(p)
+                sig += [st.st_ino, st.st_size, st.st_mtime_ns]
+            except FileNotFoundError:
+                sig += [0, 0, 0]
+        return tuple(sig)
+
+    def _snapshot(self) -> _Snapshot:
+        # Any commit, by any process, rewrites the database or its WAL file; two stat calls
+        # tell whether one may have happened. Only when the files changed, or changed too
+        # recently for their (coarse) timestamps to be trusted, ask SQLite itself.
+        snap: _Snapshot | None = getattr(self._local, "snapshot", None)
+        sig = self._files_signature()
+        if (
+            snap is not None
+            and sig == self._local.snapshot_sig
+            and time.time_ns() - max(sig[2], sig[5]) > 2_000_000_000
+        ):
+            return snap
+        conn = self._conn()
+        version = conn.execute("pragma data_version").fetchone()[0]
+        if snap is not None and self._local.snapshot_version == version:
+            self._local.snapshot_sig = sig
+            return snap
+        tokens = {
+            h: Scope(k, c, a, b)
+            for h, k, c, a, b in conn.execute(
+                "select secret_hash, kind, client_id, account_id, brand_id from tokens"
+                " where revoked_at is null"
+            )
+        }
+        keys = {
+            h: Source(c, a, b)
+            for h, c, a, b in conn.execute(
+                "select key_hash, client_id, account_id, brand_id from write_keys"
+                " where revoked_at is null"
+            )
+        }
+        accounts: dict[tuple[str, str], tuple[str, ...]] = {
+            (c, a): () for c, a in conn.execute("select client_id, account_id from accounts")
+        }
+        for c, a, b in conn.execute(
+            "select client_id, account_id, brand_id from brands order by brand_id"
+        ):
+            accounts[(c, a)] = (*accounts.get((c, a), ()), b)
+        snap = _Snapshot(tokens, keys, accounts)
+        self._local.snapshot, self._local.snapshot_version = snap, version
+        self._local.snapshot_sig = sig
+        return snap
+
     # --- clients, accounts, brands -------------------------------------------------------
 
     def add_client(self, client_id: str) -> bool:
         _check_id(client_id, "clientId", lower=True)
-        cur = self._conn().execute(
-            "insert or ignore into clients values (?, ?)", (client_id, time.time())
-        )
+        cur = self._write("insert or ignore into clients values (?, ?)", (client_id, time.time()))
         return cur.rowcount > 0
 
     def add_account(self, client_id: str, account_id: str) -> bool:
         _check_id(account_id, "accountId", lower=True)
         self.add_client(client_id)
-        cur = self._conn().execute(
+        cur = self._write(
             "insert or ignore into accounts values (?, ?, ?)", (client_id, account_id, time.time())
         )
         return cur.rowcount > 0
@@ -164,22 +245,14 @@ class ControlStore:
     def add_brand(self, client_id: str, account_id: str, brand_id: str) -> bool:
         _check_id(brand_id, "BRANDID", lower=False)
         self.add_account(client_id, account_id)
-        cur = self._conn().execute(
+        cur = self._write(
             "insert or ignore into brands values (?, ?, ?, ?)",
             (client_id, account_id, brand_id, time.time()),
         )
         return cur.rowcount > 0
 
     def brands(self, client_id: str, account_id: str) -> list[str]:
-        rows = (
-            self._conn()
-            .execute(
-                "select brand_id from brands where client_id=? and account_id=? order by brand_id",
-                (client_id, account_id),
-            )
-            .fetchall()
-        )
-        return [r[0] for r in rows]
+        return list(self._snapshot().accounts.get((client_id, account_id), ()))
 
     def accounts(self) -> list[tuple[str, str, list[str]]]:
         rows = (
@@ -191,17 +264,15 @@ class ControlStore:
 
     def tenant_exists(self, client_id: str, account_id: str, brand_id: str) -> bool:
         """A path's clientId/accountId/BRANDID names a configured brand (section 1 rules)."""
-        brands = self.brands(client_id, account_id)
-        if brands:
-            return brand_id in brands
-        row = (
-            self._conn()
-            .execute(
-                "select 1 from accounts where client_id=? and account_id=?", (client_id, account_id)
-            )
-            .fetchone()
-        )
-        return row is not None and brand_id == account_id.upper()
+        return self._snapshot().has_tenant(client_id, account_id, brand_id)
+
+    def access(
+        self, secret: str, client_id: str, account_id: str, brand_id: str
+    ) -> tuple[Scope | None, bool]:
+        """For the request path: the token's scope (None if unknown or revoked) and whether
+        the path names a configured tenant, from one snapshot."""
+        snap = self._snapshot()
+        return snap.tokens.get(_hash(secret)), snap.has_tenant(client_id, account_id, brand_id)
 
     # --- tokens ---------------------------------------------------------------------------
 
@@ -211,7 +282,7 @@ class ControlStore:
         token_id = secrets.token_hex(4)
         secret = f"mlt_{token_id}_{secrets.token_urlsafe(32)}"
         now = time.time()
-        self._conn().execute(
+        self._write(
             "insert into tokens values (?, ?, ?, ?, ?, ?, ?, ?, null)",
             (
                 token_id,
@@ -238,7 +309,7 @@ class ControlStore:
         return [Token(r[0], r[1], Scope(r[2], r[3], r[4], r[5]), r[6], r[7]) for r in rows]
 
     def revoke_token(self, token_id: str) -> bool:
-        cur = self._conn().execute(
+        cur = self._write(
             "update tokens set revoked_at=? where token_id=? and revoked_at is null",
             (time.time(), token_id),
         )
@@ -248,16 +319,7 @@ class ControlStore:
         """The scope of a live token, or None. Checked per request, so revocation is immediate."""
         if not secret:
             return None
-        row = (
-            self._conn()
-            .execute(
-                "select kind, client_id, account_id, brand_id from tokens"
-                " where secret_hash=? and revoked_at is null",
-                (_hash(secret),),
-            )
-            .fetchone()
-        )
-        return Scope(*row) if row else None
+        return self._snapshot().tokens.get(_hash(secret))
 
     # --- writeKeys ------------------------------------------------------------------------
 
@@ -265,7 +327,7 @@ class ControlStore:
         if not self.tenant_exists(client_id, account_id, brand_id):
             raise TenancyError(f"unknown brand {client_id}/{account_id}/{brand_id}")
         key = f"wk_{secrets.token_urlsafe(24)}"
-        self._conn().execute(
+        self._write(
             "insert into write_keys values (?, ?, ?, ?, ?, ?, null)",
             (_hash(key), key[:11], client_id, account_id, brand_id, time.time()),
         )
@@ -295,7 +357,7 @@ class ControlStore:
     def rotate_write_key(self, client_id: str, account_id: str, brand_id: str) -> str:
         """A new writeKey for the brand; every older key of the brand stops working at once."""
         key = self.create_write_key(client_id, account_id, brand_id)
-        self._conn().execute(
+        self._write(
             "update write_keys set revoked_at=? where client_id=? and account_id=? and brand_id=?"
             " and revoked_at is null and key_hash<>?",
             (time.time(), client_id, account_id, brand_id, _hash(key)),
@@ -303,7 +365,7 @@ class ControlStore:
         return key
 
     def revoke_write_key(self, key_or_prefix: str) -> int:
-        cur = self._conn().execute(
+        cur = self._write(
             "update write_keys set revoked_at=? where revoked_at is null"
             " and (key_hash=? or key_prefix=?)",
             (time.time(), _hash(key_or_prefix), key_or_prefix[:11]),
@@ -313,16 +375,7 @@ class ControlStore:
     def resolve_write_key(self, key: str | None) -> Source | None:
         if not key:
             return None
-        row = (
-            self._conn()
-            .execute(
-                "select client_id, account_id, brand_id from write_keys"
-                " where key_hash=? and revoked_at is null",
-                (_hash(key),),
-            )
-            .fetchone()
-        )
-        return Source(*row) if row else None
+        return self._snapshot().write_keys.get(_hash(key))
 
     def _check_scope(self, scope: Scope) -> None:
         known = {(c, a): b for c, a, b in self.accounts()}

@@ -70,6 +70,22 @@ def test_token_lifecycle(store: ControlStore) -> None:
     assert not store.revoke_token(token.token_id)
 
 
+def test_changes_by_another_connection_apply_at_once(store: ControlStore) -> None:
+    """The request path reads a cached snapshot; another process's commit must invalidate it."""
+    other = ControlStore(store.path)  # stands in for the CLI in another process
+    token, secret = other.create_token(Scope.parse("client:acme"))
+    assert store.authenticate(secret) == Scope("client", "acme")  # now cached
+    key = other.create_write_key("acme", "shop", "SHOP")
+    assert store.resolve_write_key(key) is not None
+    other.add_brand("acme", "acme", "NEW")
+    assert store.tenant_exists("acme", "acme", "NEW")
+    assert not store.tenant_exists("acme", "acme", "ACME")  # brands configured now
+    other.revoke_token(token.token_id)
+    other.revoke_write_key(key)
+    assert store.authenticate(secret) is None
+    assert store.resolve_write_key(key) is None
+
+
 def test_secrets_are_stored_hashed(store: ControlStore, tmp_path: Path) -> None:
     _, secret = store.create_token(Scope.parse("client:acme"))
     key = store.create_write_key("acme", "shop", "SHOP")

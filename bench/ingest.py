@@ -1,0 +1,157 @@
+"""Ingestion: durable single messages vs a no-op Litestar endpoint, durable batches, and ack
+latency at half the maximum load. One run, one machine, loopback.
+
+    python -m bench.ingest [--full]
+
+Both servers are real subprocesses started the way users start them (`mallard serve` with
+fsync on; the no-op app with the same uvicorn settings); the load generator shares the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from bench.generator import Traffic
+from bench.loadgen import Result, build_request, closed_loop, open_loop, run
+from bench.stats import row, summarize
+from mallard.harness import REPO, Server, free_port, init_data_dir, wait_http
+
+RESULTS = Path(__file__).parent / "results"
+WORK = Path(__file__).parent / ".work"  # same disk as ./data, so fsync costs what it will
+HOST = "127.0.0.1"
+SERVER_ENV = {
+    "MALLARD_RATE_PER_SECOND": "1000000000",  # measure the collector, not the rate limiter
+    "MALLARD_RATE_BURST": "1000000000",
+}
+
+
+def bodies(n: int, seed: int = 7) -> list[tuple[str, dict[str, Any]]]:
+    """n realistic single calls (action, body) from the traffic generator."""
+    out = []
+    for msg in Traffic(seed=seed, customers=max(n // 5, 1), events=n).client_messages():
+        msg.pop("_receivedAt")
+        out.append((msg["type"], msg))
+    return out
+
+
+def sample(xs: list[float], k: int = 3000) -> list[float]:
+    step = max(1, len(xs) // k)
+    return [round(x, 3) for x in xs[::step]]
+
+
+def report_line(label: str, res: Result, per_request: int = 1) -> None:
+    lat = summarize(res.latencies_ms) if res.latencies_ms else {}
+    print(
+        f"{label:<34} {res.rate * per_request:>12,.0f}/s  errors {res.errors:<5} "
+        f"p50 {lat.get('p50', 0):6.2f} ms  p99 {lat.get('p99', 0):7.2f} ms",
+        flush=True,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.ingest")
+    p.add_argument("--full", action="store_true")
+    args = p.parse_args(argv)
+    seconds = 30.0 if args.full else 8.0
+    WORK.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=WORK))
+    enc = msgspec.json.Encoder()
+    calls = bodies(2000)
+    batches = [
+        enc.encode({"batch": [{**m, "type": a} for a, m in calls[i : i + 100]]})
+        for i in range(0, len(calls), 100)
+    ]
+
+    noop_port = free_port()
+    noop_log = work / "noop.log"
+    with open(noop_log, "wb") as log:
+        noop = subprocess.Popen(
+            [sys.executable, "-m", "bench.noop_app", "--port", str(noop_port)],
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    server = Server(work / "data", free_port(), init_data_dir(work / "data"), env=SERVER_ENV)
+    try:
+        wait_http(f"http://{HOST}:{noop_port}/health", noop, noop_log, 60)
+        server.start()
+        hdr = {"content-type": "application/json", "auth-token": server.creds["token"]}
+        durable_single = [
+            build_request(HOST, server.port, f"{server.base_path}/{a}", enc.encode(m), hdr)
+            for a, m in calls
+        ]
+        noop_single = [
+            build_request(HOST, noop_port, "/noop", enc.encode(m), hdr) for _, m in calls
+        ]
+        durable_batch = [
+            build_request(HOST, server.port, f"{server.base_path}/batch", b, hdr) for b in batches
+        ]
+
+        # Warm both servers (imports, JIT-free but caches, connection setup).
+        run(closed_loop(HOST, noop_port, noop_single, 16, 1.0))
+        run(closed_loop(HOST, server.port, durable_single, 16, 1.0))
+
+        conns = 32
+        r_noop = run(closed_loop(HOST, noop_port, noop_single, conns, seconds))
+        report_line("no-op Litestar endpoint", r_noop)
+        r_single = run(closed_loop(HOST, server.port, durable_single, conns, seconds))
+        report_line("durable single message", r_single)
+        r_batch = run(closed_loop(HOST, server.port, durable_batch, 4, seconds))
+        report_line("durable batch (100 per request)", r_batch, per_request=100)
+        half = r_single.rate / 2
+        r_half = run(open_loop(HOST, server.port, durable_single, half, seconds))
+        report_line(f"durable single at {half:,.0f} req/s", r_half)
+    finally:
+        server.stop()
+        noop.terminate()
+        noop.wait(30)
+
+    ratio = r_single.rate / r_noop.rate if r_noop.rate else 0.0
+    half_lat = summarize(r_half.latencies_ms)
+    single_lat = summarize(r_single.latencies_ms)
+    errors = r_noop.errors + r_single.errors + r_batch.errors + r_half.errors
+    rows = [
+        row("no-op Litestar endpoint", round(r_noop.rate), "req/s"),
+        row("durable single message", round(r_single.rate), "req/s"),
+        row("durable / no-op", round(ratio, 3), "ratio", ">= 0.65", ratio >= 0.65),
+        row(
+            "durable batch, 100 per request",
+            round(r_batch.rate * 100),
+            "msgs/s",
+            ">= 100,000",
+            r_batch.rate * 100 >= 100_000,
+        ),
+        row("ack p50 at half load", round(half_lat["p50"], 2), "ms"),
+        row("ack p99 at half load", round(half_lat["p99"], 2), "ms", "<= 20", half_lat["p99"] <= 20),
+        row("ack p99 at full load (32 conns)", round(single_lat["p99"], 2), "ms"),
+        row("non-200 answers", errors, "count", "0", errors == 0),
+    ]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "ingest.json").write_text(
+        json.dumps(
+            {
+                "scenario": "ingest",
+                "rows": rows,
+                "latency_samples_ms": {
+                    "durable, half load (open loop)": sample(r_half.latencies_ms),
+                    "durable, full load (32 conns)": sample(r_single.latencies_ms),
+                    "no-op, full load (32 conns)": sample(r_noop.latencies_ms),
+                },
+            }
+        )
+    )
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
