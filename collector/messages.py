@@ -29,7 +29,10 @@ class Tenant:
 
 def iso(t: datetime) -> str:
     """ISO-8601 UTC with millisecond precision and a `Z`, as every stored timestamp."""
-    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+    if t.tzinfo is not UTC:
+        t = t.astimezone(UTC)
+    # isoformat is C code; strftime was the largest single cost of stamping a batch.
+    return t.isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
 def parse_time(value: Any, field: str, where: str = "") -> datetime:
