@@ -11,7 +11,7 @@ export DO_NOT_TRACK := 1
 export DAGSTER_DISABLE_TELEMETRY := 1
 export MALLARD_DATA_DIR ?= $(CURDIR)/data
 
-.PHONY: help install run test test-fast lint format bench bench-full clean-data
+.PHONY: help install test-deps run test test-fast lint format bench bench-full clean-data
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -29,7 +29,23 @@ install: $(VENV)/.synced ## install everything from uv.lock into .venv
 run: install ## init ./data, start the server and the Dagster UI with demo data
 	$(VENV)/bin/mallard up
 
-test: install ## run the whole test suite
+# Browser tests drive Debian's chromium (Playwright's own browser download is unreachable here).
+CHROMIUM := /usr/bin/chromium
+$(CHROMIUM):
+	@echo "installing Debian chromium for the browser tests"
+	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null
+
+# Node SDK tests (e.g. @segment/analytics-node) install from their package-lock.json.
+NODE_DIR := tests/node
+NODE_DEPS := $(if $(wildcard $(NODE_DIR)/package-lock.json),$(NODE_DIR)/node_modules/.installed)
+$(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package-lock.json
+	cd $(NODE_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+test-deps: install $(CHROMIUM) $(NODE_DEPS) ## install what the tests need beyond .venv (chromium, node SDKs)
+
+test: test-deps ## run the whole test suite
 	$(VENV)/bin/python -m pytest
 
 test-fast: install ## unit tests only
