@@ -159,21 +159,27 @@ def _single(body: bytes, path_kind: str | None, limits: Limits) -> tuple[str, di
     return kind, msg
 
 
-def _named_track(kind: str, msg: dict[str, Any]) -> None:
-    # Mobile track items may name the action in `name` (INTERFACE.md 4.2 lists no `event`).
-    if kind == "track" and msg.get("event") is None and isinstance(msg.get("name"), str):
+def adapt(kind: str, msg: dict[str, Any]) -> None:
+    """Client dialects, mapped in place to the stored shape before validation.
+
+    - RudderStack's SDKs send identify traits only as `context.traits`.
+    - Mobile track items may name the action in `name` (INTERFACE.md 4.2 lists no `event`).
+    """
+    if kind == "identify" and msg.get("traits") is None:
+        context = msg.get("context")
+        if isinstance(context, dict) and isinstance(context.get("traits"), dict):
+            msg["traits"] = dict(context["traits"])
+    elif kind == "track" and msg.get("event") is None and isinstance(msg.get("name"), str):
         msg["event"] = msg["name"]
 
 
-def _batch(
-    body: bytes, limits: Limits, *, mobile: bool = False
-) -> tuple[Any, list[tuple[str, dict[str, Any]]]]:
+def _batch(body: bytes, limits: Limits) -> tuple[Any, list[tuple[str, dict[str, Any]]]]:
     """(writeKey, items) of a batch body; the batch's sentAt applies to items without one."""
     try:
         envelope = _decode_envelope.decode(body)
     except msgspec.DecodeError as e:
         raise InvalidRequest(f"body is not valid JSON: {e}") from None
-    items = parse_batch(body, limits.max_call_bytes, _named_track if mobile else None)
+    items = parse_batch(body, limits.max_call_bytes, adapt)
     if envelope.sentAt is not None:
         for _, item in items:
             item.setdefault("sentAt", envelope.sentAt)
@@ -190,7 +196,7 @@ async def tag_event(request: Request[Any, Any, Any]) -> Response[bytes]:
     limits: Limits = request.app.state.settings.limits
     kind, msg = _single(await read_body(request), TAG_PATHS[request.url.path], limits)
     tenant = tenant_for(request, msg.get("writeKey"))
-    _named_track(kind, msg)
+    adapt(kind, msg)
     validate(kind, msg, require_event=False)
     # Mobile apps may post single events here too; they say so in `channel`.
     channel = "mobile" if msg.get("channel") == "mobile" else "browser"
@@ -214,7 +220,7 @@ async def tag_batch(request: Request[Any, Any, Any]) -> Response[bytes]:
 )
 async def mobile_batch(request: Request[Any, Any, Any]) -> Response[bytes]:
     limits: Limits = request.app.state.settings.limits
-    key, items = _batch(await read_body(request), limits, mobile=True)
+    key, items = _batch(await read_body(request), limits)
     tenant = tenant_for(request, key)
     ids = await _accept(request, tenant, items, channel="mobile", source="mobile")
     return _ok({"success": True, "eventId": ids[0] if ids else None, "eventIds": ids})
@@ -230,6 +236,7 @@ async def segment_call(request: Request[Any, Any, Any]) -> Response[bytes]:
     limits: Limits = request.app.state.settings.limits
     kind, msg = _single(await read_body(request), SEGMENT_PATHS[request.url.path], limits)
     tenant = tenant_for(request, msg.get("writeKey"))
+    adapt(kind, msg)
     validate(kind, msg, require_event=False)
     ids = await _accept(request, tenant, [(kind, msg)], channel="server", source="segment")
     return _ok({"success": True, "eventId": ids[0] if ids else None})
