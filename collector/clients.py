@@ -22,6 +22,8 @@ from typing import Any
 
 import msgspec
 from litestar import MediaType, Request, Response, post
+from litestar.handlers import HTTPRouteHandler
+from litestar.types import Method, OperationIDCreator
 
 from collector.messages import CALL_KINDS, Tenant, iso, stamp, validate
 from collector.routes import decode_object, parse_batch
@@ -44,6 +46,15 @@ TAG_PATHS = {
 SEGMENT_PATHS = {f"/v1/{kind}": kind for kind in CALL_KINDS}
 
 _encode = msgspec.json.Encoder().encode
+
+
+def _operation_id(prefix: str) -> OperationIDCreator:
+    """An OpenAPI operation id per path of a handler that serves several (ids must be unique)."""
+
+    def create(handler: HTTPRouteHandler, method: Method, components: list[Any]) -> str:
+        return prefix + str(components[-1]).title()
+
+    return create
 
 
 class _Envelope(msgspec.Struct):
@@ -188,7 +199,7 @@ def _batch(body: bytes, limits: Limits) -> tuple[Any, list[tuple[str, dict[str, 
 
 @post(
     list(TAG_PATHS),
-    operation_id="tagEvent",
+    operation_id=_operation_id("tagEvent"),
     summary="One event from the tag or a mobile app (t takes any type)",
     status_code=200,
 )
@@ -228,7 +239,7 @@ async def mobile_batch(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 @post(
     list(SEGMENT_PATHS),
-    operation_id="segmentCall",
+    operation_id=_operation_id("segment"),
     summary="Segment HTTP API: one call, writeKey as the Basic user",
     status_code=200,
 )

@@ -392,3 +392,25 @@ def test_tag_assets(live: tuple[Server, str]) -> None:
         assert r.status_code == 200 and r.content == (version_dir / name).read_bytes()
     r = httpx.get(f"{server.url}/cdp/analytics-next/bundles/nope.js")
     assert r.status_code == 404
+
+
+def test_rate_limit_per_write_key_is_exposed_to_the_tag(server_factory: Any) -> None:
+    server = server_factory(env={"MALLARD_RATE_PER_SECOND": "0.01", "MALLARD_RATE_BURST": "2"})
+    wk = server.creds["writeKey"]
+    event = {"writeKey": wk, "type": "track", "event": "E", "anonymousId": "a"}
+    statuses = [post_std(server, "t", event).status_code for _ in range(2)]
+    assert statuses == [200, 200]
+    r = post_std(server, "t", event, headers={"origin": "http://shop.example"})
+    assert r.status_code == 429 and r.json()["success"] is False
+    assert int(r.headers["retry-after"]) >= 1
+    assert r.headers["access-control-allow-origin"] == "*"
+    assert "retry-after" in r.headers["access-control-expose-headers"].lower()
+
+
+def test_openapi_lists_the_client_routes(live: tuple[Server, str]) -> None:
+    server, _ = live
+    r = httpx.get(f"{server.url}/schema/openapi.json")
+    assert r.status_code == 200, r.text
+    paths = r.json()["paths"]
+    for path in (f"{STD}/t", f"{STD}/mobile/batch", "/v1/batch", "/v1/identify"):
+        assert "post" in paths[path]
