@@ -127,10 +127,13 @@ def tag_settings(request: Request[Any, Any, Any], writeKey: FromPath[str]) -> Re
     if control.resolve_write_key(writeKey) is None:
         raise NotFound("unknown writeKey")
     protocol, host = origin(request)
+    # The answer depends on these headers: a shared cache must not serve one host's settings
+    # (where the tag sends its data) to a request for another.
+    headers = {**_SHORT, "vary": "host, x-forwarded-host, x-forwarded-proto"}
     return Response(
         _encode(source_settings(writeKey, protocol, host)),
         media_type=MediaType.JSON,
-        headers=_SHORT,
+        headers=headers,
     )
 
 
