@@ -30,6 +30,11 @@ class DataPaths:
         return self.root / "landing"
 
     @property
+    def metrics_dir(self) -> Path:
+        """Client performance metrics the tag posts to /cdp/events/std/m, kept apart from events."""
+        return self.root / "metrics"
+
+    @property
     def lake_dir(self) -> Path:
         return self.root / "lake"
 
