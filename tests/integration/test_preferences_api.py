@@ -172,6 +172,17 @@ def test_identify_trait_sets_channels(env: PrefsEnv) -> None:
     assert env.get("mix").json()["channels"] == _channels({"sms"})
 
 
+def test_hosted_page_link_takes_the_id_in_query_s_or_the_path(env: PrefsEnv) -> None:
+    for url in (
+        f"{env.server.url}/content?s={env.sids['fresh']}",
+        f"{env.server.url}/content/{env.sids['fresh']}",
+    ):
+        r = httpx.get(url)
+        assert r.status_code == 200, r.text
+        assert r.headers["content-type"].startswith("text/html")
+        assert 'id="ch-email"' in r.text and "Offers &amp; Deals" in r.text
+
+
 def test_unknown_subscription_id_is_404(env: PrefsEnv) -> None:
     base = f"{env.server.url}/cdp/marketing-preferences"
     for sid in (secrets.token_hex(32), "not-an-id", env.sids["fresh"].upper()):

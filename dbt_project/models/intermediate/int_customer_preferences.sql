@@ -25,19 +25,15 @@ customers as (
 ),
 
 latest as (
+    -- (event time, receipt, messageId) is unique per customer and key: one winner each.
     select
         customer_id,
         pref_kind,
         pref_key,
-        arg_max(
-            {
-                'value': pref_value,
-                'event_time': event_time,
-                'received_at': received_at,
-                'message_id': message_id
-            },
-            (event_time, received_at, message_id)
-        ) as winner
+        arg_max(pref_value, (event_time, received_at, message_id)) as pref_value,
+        max(event_time) as event_time,
+        arg_max(received_at, (event_time, received_at, message_id)) as received_at,
+        arg_max(message_id, (event_time, received_at, message_id)) as message_id
     from changes
     group by customer_id, pref_kind, pref_key
 ),
@@ -47,27 +43,27 @@ per_customer as (
         customer_id,
         coalesce(
             to_json(list(
-                json_object('channel', pref_key, 'subscribed', winner.value) order by pref_key
+                json_object('channel', pref_key, 'subscribed', pref_value) order by pref_key
             ) filter (where pref_kind = 'channel')),
             '[]'::json
         ) as channels,
         coalesce(
             to_json(list(
-                json_object('category', pref_key, 'subscribed', winner.value) order by pref_key
+                json_object('category', pref_key, 'subscribed', pref_value) order by pref_key
             ) filter (where pref_kind = 'category')),
             '[]'::json
         ) as categories,
-        bool_or(winner.value) filter (where pref_kind = 'unsubscribe_all') as unsubscribe_all,
+        bool_or(pref_value) filter (where pref_kind = 'unsubscribe_all') as unsubscribe_all,
         -- Each key's winning change with its ordering, so the API can overlay changes it
         -- accepted after this build by the same rule (see api/preferences.py).
         to_json(list(
             json_object(
                 'kind', pref_kind,
                 'key', pref_key,
-                'value', winner.value,
-                'eventTime', {{ iso_ts('winner.event_time') }},
-                'receivedAt', {{ iso_ts('winner.received_at') }},
-                'messageId', winner.message_id
+                'value', pref_value,
+                'eventTime', {{ iso_ts('event_time') }},
+                'receivedAt', {{ iso_ts('received_at') }},
+                'messageId', message_id
             )
             order by pref_kind, pref_key
         )) as state
