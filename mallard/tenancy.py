@@ -380,7 +380,7 @@ class ControlStore:
         return cur.rowcount
 
     def current_write_key(self, client_id: str, account_id: str, brand_id: str) -> str | None:
-        """The brand's newest live writeKey, or None (none made, or made before values were kept)."""
+        """The brand's newest live writeKey; None if none, or made before values were kept."""
         row = (
             self._conn()
             .execute(
