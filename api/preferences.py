@@ -322,6 +322,13 @@ class Preferences:
     def __init__(self, warehouse: Warehouse, journal: PreferencesJournal) -> None:
         self.warehouse = warehouse
         self.journal = journal
+        self._checked: dict[str, int] = {}  # customer id -> snapshot last checked for loads
+
+    def snapshot(self) -> Snapshot:
+        """The current warehouse snapshot; unlike Warehouse.snapshot() it skips reading the
+        freshness mart, which these answers do not report (one DuckLake query less)."""
+        rows = self.warehouse._query("select id from lake.current_snapshot()")
+        return Snapshot(int(rows[0][0]) if rows else 0, None, None)
 
     def subscriber(self, snap: Snapshot, subscription_id: str) -> Subscriber:
         """The customer the id addresses; NotFound for anything else (ids are never listed)."""
@@ -352,7 +359,8 @@ class Preferences:
     def state(self, snap: Snapshot, sub: Subscriber) -> dict[tuple[str, str], bool]:
         """The warehouse's winners overlaid with the journal's changes not in this snapshot."""
         pending = self.journal.pending(sub.customer_id, snap.version)
-        if pending:
+        # Which pending changes a snapshot has can only change with the snapshot: ask once.
+        if pending and self._checked.get(sub.customer_id) != snap.version:
             loaded = self.warehouse._query(
                 f"select event_id from lake.marts.events AT (VERSION => {snap.version})"
                 " where customer_id = ? and event_id in (select unnest(?))",
@@ -360,16 +368,21 @@ class Preferences:
             )
             if loaded:
                 self.journal.mark_loaded([r[0] for r in loaded], snap.version)
+            if len(self._checked) > 100_000:
+                self._checked.clear()
+            self._checked[sub.customer_id] = snap.version
         return latest(sub.state + [c for changes in pending.values() for c in changes])
 
-    def read(
-        self, subscription_id: str, choices_for: Any, control: ControlStore
-    ) -> tuple[Subscriber, Snapshot, dict[str, Any]]:
-        snap = self.warehouse.snapshot()
-        sub = self.subscriber(snap, subscription_id)
-        choices: Choices = choices_for(sub)
+    def answer(
+        self, snap: Snapshot, sub: Subscriber, choices: Choices, control: ControlStore
+    ) -> dict[str, Any]:
         key = control.current_write_key(sub.client_id, sub.account_id, sub.brand_id)
-        return sub, snap, resource(sub, choices, self.state(snap, sub), key)
+        return resource(sub, choices, self.state(snap, sub), key)
+
+    def read(self, subscription_id: str, choices_for: Any, control: ControlStore) -> dict[str, Any]:
+        snap = self.snapshot()
+        sub = self.subscriber(snap, subscription_id)
+        return self.answer(snap, sub, choices_for(sub), control)
 
     @staticmethod
     def tenant(sub: Subscriber) -> Tenant:

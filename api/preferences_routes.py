@@ -26,6 +26,7 @@ from api.preferences import (
     parse_update,
 )
 from api.preferences_page import HEADERS, not_found, render
+from api.service import Snapshot
 from mallard.auth import limit
 from mallard.errors import InvalidRequest, NotFound
 from mallard.preferences import Choices, PreferencesConfigFile
@@ -72,7 +73,7 @@ def _json(body: dict[str, Any]) -> Response[bytes]:
 
 def _read(request: Request[Any, Any, Any], subscription_id: str) -> dict[str, Any]:
     ctx = _ctx(request)
-    return ctx.prefs.read(subscription_id, ctx.choices, request.app.state.control)[2]
+    return ctx.prefs.read(subscription_id, ctx.choices, request.app.state.control)
 
 
 async def _write(
@@ -84,18 +85,19 @@ async def _write(
     """Validate, make the message durable through the collector, journal it, read back."""
     ctx = _ctx(request)
 
-    def prepare() -> tuple[Subscriber, Choices, Update]:
-        sub = ctx.prefs.subscriber(ctx.prefs.warehouse.snapshot(), subscription_id)
+    def prepare() -> tuple[Snapshot, Subscriber, Choices, Update]:
+        snap = ctx.prefs.snapshot()
+        sub = ctx.prefs.subscriber(snap, subscription_id)
         choices = ctx.choices(sub)
-        return sub, choices, make_update(choices)
+        return snap, sub, choices, make_update(choices)
 
-    sub, choices, update = await asyncio.to_thread(prepare)
+    snap, sub, choices, update = await asyncio.to_thread(prepare)
     stored = ctx.prefs.stamped(sub, choices, update, asset_id, _ip(request))
     await request.app.state.collector.accept([stored])
 
     def finish() -> dict[str, Any]:
         ctx.prefs.journal.add(sub.customer_id, stored["eventId"], changes_of(stored))
-        return _read(request, subscription_id)
+        return ctx.prefs.answer(snap, sub, choices, request.app.state.control)
 
     return await asyncio.to_thread(finish)
 
