@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -79,7 +80,7 @@ def _read(request: Request[Any, Any, Any], subscription_id: str) -> dict[str, An
 async def _write(
     request: Request[Any, Any, Any],
     subscription_id: str,
-    make_update: Any,
+    make_update: Callable[[Choices], Update],
     asset_id: str | None,
 ) -> dict[str, Any]:
     """Validate, make the message durable through the collector, journal it, read back."""
@@ -178,7 +179,7 @@ async def _submit(request: Request[Any, Any, Any], path_id: str | None) -> Respo
     sid = _page_id(request, path_id)
     form = await request.form()
     action = form.get("action")
-    make_update: Any
+    make_update: Callable[[Choices], Update]
     if action == "unsubscribe_all":
         reason = str(form.get("reason") or "").strip()
         unsubscribe = Update({}, {}, True, reason or None)
