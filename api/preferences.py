@@ -7,35 +7,35 @@ message (`preferences_updated`, or `unsubscribed` for unsubscribe-all) through t
 durable before the answer, so it reaches that model like any other message.
 
 Read-your-writes before the next pipeline run: after the log has the message, its per-key
-changes go into a small SQLite journal (`PreferencesJournal`) with the same event time, receipt
-and messageId the message carries. A read takes the warehouse's winners (the model keeps each
-winner's ordering in `state`) and the journal's changes not yet in that snapshot, and keeps the
-latest per key. "Latest per key" is a maximum, and a maximum over the union of two sets is the
-maximum of their maxima, so the answer equals what the model computes once the pipeline has
-loaded those messages. Keeping a change that is already loaded changes nothing (a maximum is
-idempotent), which is why marking journal rows loaded is only an optimisation. Identify calls
-not yet loaded are not overlaid: only this endpoint's own writes are read back early.
+changes go into a small SQLite journal (api/preferences_journal.py) with the same event time,
+receipt and messageId the message carries. A read takes the warehouse's winners (the model
+keeps each winner's ordering in `state`) and the journal's changes not yet in that snapshot,
+and keeps the latest per key. "Latest per key" is a maximum, and a maximum over the union of
+two sets is the maximum of their maxima, so the answer equals what the model computes once the
+pipeline has loaded those messages. Keeping a change that is already loaded changes nothing (a
+maximum is idempotent), which is why marking journal rows loaded is only an optimisation.
+Identify calls not yet loaded are not overlaid: only this endpoint's own writes are read back
+early.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import sqlite3
-import threading
-import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from api.service import Snapshot, Warehouse
-from collector.messages import Tenant, iso, stamp, validate
+from collector.messages import Tenant, stamp, validate
 from mallard.errors import InvalidRequest, NotFound
 from mallard.preferences import CHANNELS, Choices
 from mallard.tenancy import ControlStore
+
+if TYPE_CHECKING:
+    from api.preferences_journal import PreferencesJournal
 
 SUBSCRIPTION_ID = re.compile(r"[0-9a-f]{64}")
 UPDATE_FIELDS = ("categories", "channels", "unsubscribeAll", "unsubscribeReason")
@@ -46,7 +46,7 @@ UNSUBSCRIBE_ALL = ("unsubscribe_all", "")
 _decode = msgspec.json.Decoder()
 
 
-def _time(text: str) -> datetime:
+def parse_time(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
 
 
@@ -221,7 +221,8 @@ def update_message(
 def changes_of(stored: dict[str, Any]) -> list[Change]:
     """The per-key changes a stored update message makes, as int_preference_changes reads them."""
     props = stored["properties"]
-    t, r, m = _time(stored["timestamp"]), _time(stored["receivedAt"]), stored["messageId"]
+    t, r = parse_time(stored["timestamp"]), parse_time(stored["receivedAt"])
+    m = stored["messageId"]
     out = [Change("channel", i["channel"], i["subscribed"], t, r, m) for i in props["channels"]]
     out += [
         Change("category", i["category"], i["subscribed"], t, r, m) for i in props["categories"]
@@ -229,91 +230,6 @@ def changes_of(stored: dict[str, Any]) -> list[Change]:
     if "unsubscribeAll" in props:
         out.append(Change(*UNSUBSCRIBE_ALL, props["unsubscribeAll"], t, r, m))
     return out
-
-
-class PreferencesJournal:
-    """Changes this server accepted, until the warehouse snapshot a reader uses has them."""
-
-    SCHEMA = """
-    create table if not exists changes (
-        event_id text not null,
-        customer_id text not null,
-        kind text not null,
-        key text not null,
-        value integer not null,
-        event_time text not null,
-        received_at text not null,
-        message_id text not null,
-        added_at real not null,
-        loaded_version integer,  -- first warehouse snapshot that had the message
-        primary key (event_id, kind, key)
-    );
-    create index if not exists changes_customer on changes (customer_id);
-    """
-    KEEP_LOADED_S = 3600.0  # readers on an older snapshot may still need a loaded change
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._local = threading.local()
-        self._conn().executescript(self.SCHEMA)
-
-    def _conn(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-            conn.execute("pragma journal_mode=wal")
-            self._local.conn = conn
-        return conn
-
-    def add(self, customer_id: str, event_id: str, changes: list[Change]) -> None:
-        now = time.time()
-        with self._conn() as conn:
-            conn.executemany(
-                "insert or ignore into changes values (?, ?, ?, ?, ?, ?, ?, ?, ?, null)",
-                [
-                    (
-                        event_id,
-                        customer_id,
-                        c.kind,
-                        c.key,
-                        int(c.value),
-                        iso(c.event_time),
-                        iso(c.received_at),
-                        c.message_id,
-                        now,
-                    )
-                    for c in changes
-                ],
-            )
-
-    def pending(self, customer_id: str, version: int) -> dict[str, list[Change]]:
-        """Changes of the customer not in snapshot `version`, by eventId."""
-        rows = (
-            self._conn()
-            .execute(
-                "select event_id, kind, key, value, event_time, received_at, message_id"
-                " from changes where customer_id = ?"
-                " and (loaded_version is null or loaded_version > ?)",
-                (customer_id, version),
-            )
-            .fetchall()
-        )
-        out: dict[str, list[Change]] = {}
-        for e, k, key, v, t, r, m in rows:
-            out.setdefault(e, []).append(Change(k, key, bool(v), _time(t), _time(r), m))
-        return out
-
-    def mark_loaded(self, event_ids: list[str], version: int) -> None:
-        with self._conn() as conn:
-            conn.executemany(
-                "update changes set loaded_version = ? where event_id = ?"
-                " and (loaded_version is null or loaded_version > ?)",
-                [(version, e, version) for e in event_ids],
-            )
-            conn.execute(
-                "delete from changes where loaded_version is not null and added_at < ?",
-                (time.time() - self.KEEP_LOADED_S,),
-            )
 
 
 class Preferences:
@@ -348,8 +264,8 @@ class Preferences:
                 s["kind"],
                 s["key"],
                 bool(s["value"]),
-                _time(s["eventTime"]),
-                _time(s["receivedAt"]),
+                parse_time(s["eventTime"]),
+                parse_time(s["receivedAt"]),
                 s["messageId"],
             )
             for s in json.loads(state)

@@ -19,13 +19,13 @@ from litestar.params import FromPath
 
 from api.preferences import (
     Preferences,
-    PreferencesJournal,
     Subscriber,
     Update,
     changes_of,
     check_asset_id,
     parse_update,
 )
+from api.preferences_journal import PreferencesJournal
 from api.preferences_page import HEADERS, not_found, render
 from api.service import Snapshot
 from mallard.auth import limit

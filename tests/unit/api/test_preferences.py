@@ -8,7 +8,6 @@ import pytest
 
 from api.preferences import (
     Change,
-    PreferencesJournal,
     Subscriber,
     Update,
     changes_of,
@@ -17,6 +16,7 @@ from api.preferences import (
     resource,
     update_message,
 )
+from api.preferences_journal import PreferencesJournal
 from collector.messages import Tenant, stamp
 from mallard.errors import InvalidRequest
 from mallard.preferences import Category, Choices
