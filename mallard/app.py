@@ -85,6 +85,7 @@ def health(request: Request) -> dict[str, Any]:
 
 
 def create_app(settings: Settings | None = None) -> Litestar:
+    from api.preferences_routes import ROUTES as PREFERENCE_ROUTES
     from api.routes import ROUTES as API_ROUTES
     from api.service import Warehouse
     from collector.clients import ROUTES as CLIENT_ROUTES
@@ -108,7 +109,14 @@ def create_app(settings: Settings | None = None) -> Litestar:
             app.state.warehouse.close()
 
     app = Litestar(
-        route_handlers=[health, *COLLECTOR_ROUTES, *CLIENT_ROUTES, *TAG_ROUTES, *API_ROUTES],
+        route_handlers=[
+            health,
+            *COLLECTOR_ROUTES,
+            *CLIENT_ROUTES,
+            *TAG_ROUTES,
+            *API_ROUTES,
+            *PREFERENCE_ROUTES,
+        ],
         lifespan=[lifespan],
         exception_handlers={Exception: _json_error},
         middleware=[RequestIdMiddleware],

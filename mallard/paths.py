@@ -21,6 +21,11 @@ class DataPaths:
         return self.root / "secret.key"
 
     @property
+    def preferences_journal(self) -> Path:
+        """SQLite journal of preference changes accepted but not yet in the warehouse."""
+        return self.root / "preferences_journal.sqlite"
+
+    @property
     def wal_dir(self) -> Path:
         return self.root / "wal"
 
