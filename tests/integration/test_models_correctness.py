@@ -1,4 +1,4 @@
-"""The modelled marts against generated streams: slices equal a full rebuild, traits equal an oracle.
+"""Marts over generated streams: slices equal a full rebuild; traits equal an oracle.
 
 Each of N_STREAMS seeded random streams lives in its own account, so all of them share one lake
 and one pipeline run per slice. A stream mixes what real traffic does to the rules: arrival
@@ -202,7 +202,12 @@ def generate_stream(index: int) -> list[Arrival]:
     tenant = Tenant(CLIENT, f"s{index:02d}", f"S{index:02d}")
     for a in arrivals:
         a.stored = stamp(
-            a.kind, a.msg, tenant, channel=a.channel, source="http", received=a.received,
+            a.kind,
+            a.msg,
+            tenant,
+            channel=a.channel,
+            source="http",
+            received=a.received,
             request_ip=None,
         )
     return arrivals
@@ -381,8 +386,11 @@ def test_the_streams_exercise_every_rule(built: Built) -> None:
     assert sum(a.received - event_time(a) > timedelta(days=1) for a in last) >= 20
     assert sum("sentAt" in a.msg for a in built.arrivals) >= 100
     # Visitors identified later, and visitors identified by a second userId.
-    pairs = {(a.account, a.msg["anonymousId"], a.msg["userId"]) for a in built.arrivals
-             if "userId" in a.msg and "anonymousId" in a.msg}
+    pairs = {
+        (a.account, a.msg["anonymousId"], a.msg["userId"])
+        for a in built.arrivals
+        if "userId" in a.msg and "anonymousId" in a.msg
+    }
     visitors = {(acc, anon) for acc, anon, _ in pairs}
     assert len(visitors) >= 20 and len(pairs) - len(visitors) >= 5
     anonymous = [c for c in expected.events.values() if c[1] is None]
