@@ -8,6 +8,10 @@ traits as (
     select * from {{ ref('int_customer_traits') }}
 ),
 
+preferences as (
+    select * from {{ ref('int_customer_preferences') }}
+),
+
 regulations as (
     select * from {{ ref('regulation_state') }}
 ),
@@ -71,24 +75,26 @@ assembled as (
     select
         base.*,
         {{ subscription_id('base.customer_id') }} as subscription_id,
+        -- A merge patch deletes keys patched with null, so the null externalId of an anonymous
+        -- customer goes in the target, where it survives; the caller's userId is patched last.
         json_merge_patch(
+            json_object('externalId', base.user_id),
             traits.traits,
             json_object(
                 'id', base.customer_id,
-                'externalId', base.user_id,
-                'marketingPreferences',
-                (
-                    select preferences.marketing_preferences
-                    from {{ ref('int_customer_preferences') }} as preferences
-                    where preferences.customer_id = base.customer_id
-                )
-            )
+                'marketingPreferences', preferences.marketing_preferences
+            ),
+            case
+                when base.user_id is not null then json_object('externalId', base.user_id)
+                else '{}'::json
+            end
         ) as traits_object,
         first_last.first_event,
         first_last.last_event
     from base
     inner join traits on base.customer_id = traits.customer_id
     inner join first_last on base.customer_id = first_last.customer_id
+    inner join preferences on base.customer_id = preferences.customer_id
     anti join regulations
         on
             base.account_id = regulations.account_id
