@@ -75,20 +75,14 @@ assembled as (
     select
         base.*,
         {{ subscription_id('base.customer_id') }} as subscription_id,
-        -- A merge patch deletes keys patched with null, so the null externalId of an anonymous
-        -- customer goes in the target, where it survives; the caller's userId is patched last.
         json_merge_patch(
-            json_object('externalId', base.user_id),
             traits.traits,
             json_object(
                 'id', base.customer_id,
+                'externalId', base.user_id,
                 'marketingPreferences', preferences.marketing_preferences
-            ),
-            case
-                when base.user_id is not null then json_object('externalId', base.user_id)
-                else '{}'::json
-            end
-        ) as traits_object,
+            )
+        ) as patched_traits,
         first_last.first_event,
         first_last.last_event
     from base
@@ -99,6 +93,19 @@ assembled as (
         on
             base.account_id = regulations.account_id
             and base.user_id = regulations.user_id
+),
+
+traits_objects as (
+    select
+        *,
+        -- The patch drops keys patched with null, yet an anonymous customer's traits still show
+        -- `"externalId": null` (INTERFACE.md 2.9): put it back in front of the object.
+        case
+            when user_id is null
+                then ('{"externalId":null,' || substr(patched_traits::varchar, 2))::json
+            else patched_traits
+        end as traits_object
+    from assembled
 ),
 
 final as (
@@ -127,7 +134,7 @@ final as (
         ) as metadata,
         created_time,
         last_activity_time
-    from assembled
+    from traits_objects
     order by account_id, user_id, customer_id
 )
 
