@@ -450,6 +450,8 @@ def test_every_pass_matches_the_oracle(built: Built, pass_index: int) -> None:
         assert {k: v["eventId"] for k, v in meta["firstEvent"].items()} == first, cid
         assert {k: v["eventId"] for k, v in meta["lastEvent"].items()} == last, cid
         assert customers[cid]["traits"]["id"] == cid
+        # externalId is the caller's userId, and null (present) for anonymous visitors.
+        assert customers[cid]["traits"]["externalId"] == customers[cid]["user_id"], cid
 
     dups = {(r["account_id"], r["message_id"]): r["duplicate_count"] for r in marts["duplicates"]}
     assert dups == expected.duplicates
