@@ -15,11 +15,11 @@ from typing import Any
 import duckdb
 
 from api.params import EventQuery
-from mallard.errors import Unavailable
+from mallard.errors import InvalidRequest, Unavailable
 from mallard.paths import DataPaths
 from mallard.warehouse import connect
 
-_MISSING = ("does not exist", "not found")
+FRESHNESS_HEADERS = ("x-mallard-data-through", "x-mallard-built-at", "x-mallard-snapshot")
 
 
 @dataclass(frozen=True)
@@ -29,12 +29,30 @@ class Snapshot:
     data_through: datetime | None
 
 
+def iso(t: datetime | None) -> str:
+    return t.isoformat().replace("+00:00", "Z") if t else ""
+
+
+def freshness_headers(snap: Snapshot) -> dict[str, str]:
+    """How fresh an answer is: the newest receipt its data reflects, when it was built, and the
+    warehouse snapshot it was read from (empty times before the first pipeline run)."""
+    through, built, version = FRESHNESS_HEADERS
+    return {through: iso(snap.data_through), built: iso(snap.built_at), version: str(snap.version)}
+
+
+def _missing_table(e: duckdb.Error) -> bool:
+    # Before the first pipeline run the marts do not exist yet: that is "no data", not a failure.
+    return isinstance(e, duckdb.CatalogException) and "does not exist" in str(e)
+
+
 class Warehouse:
     def __init__(self, paths: DataPaths) -> None:
         self.paths = paths
         self._conn: duckdb.DuckDBPyConnection | None = None
         self._lock = threading.Lock()
         self._local = threading.local()
+        self._fresh: dict[int, Snapshot] = {}
+        self.latest: Snapshot | None = None  # the newest snapshot a request has read
 
     def close(self) -> None:
         with self._lock:
@@ -60,8 +78,12 @@ class Warehouse:
                 return self._cursor().execute(sql, params or []).fetchall()
             except duckdb.Error as e:
                 msg = str(e)
-                if any(m in msg for m in _MISSING):
+                if _missing_table(e):
                     return []
+                if "No snapshot found" in msg:
+                    raise InvalidRequest(
+                        "scrollId refers to data that has since been cleaned up; start again"
+                    ) from None
                 if "locked" in msg or "busy" in msg:
                     time.sleep(0.01 * 2**attempt)
                     continue
@@ -69,15 +91,25 @@ class Warehouse:
         raise Unavailable("the warehouse is busy; retry")
 
     def snapshot(self, version: int | None = None) -> Snapshot:
+        """The current committed snapshot, or a given one (a scroll's), with its freshness."""
         if version is None:
             rows = self._query("select id from lake.current_snapshot()")
             version = int(rows[0][0]) if rows else 0
-        fresh = self._query(
-            f"select built_at, data_through from lake.marts.freshness AT (VERSION => {version})"
-        )
-        if fresh:
-            return Snapshot(version, fresh[0][0], fresh[0][1])
-        return Snapshot(version, None, None)
+            latest = True
+        else:
+            latest = False
+        snap = self._fresh.get(version)
+        if snap is None:
+            fresh = self._query(
+                f"select built_at, data_through from lake.marts.freshness AT (VERSION => {version})"
+            )
+            snap = Snapshot(version, *(fresh[0] if fresh else (None, None)))
+            if len(self._fresh) > 1000:
+                self._fresh.clear()
+            self._fresh[version] = snap
+        if latest:
+            self.latest = snap
+        return snap
 
     # --- events ----------------------------------------------------------------------------
 
