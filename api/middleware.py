@@ -12,16 +12,15 @@ import anyio.to_thread
 from litestar.types import Message, Scope
 
 from api.service import FRESHNESS_HEADERS, Snapshot, Warehouse, freshness_headers
+from mallard.errors import family_of
 
 _MARK = FRESHNESS_HEADERS[-1].encode()
 
 
 async def add_freshness(message: Message, scope: Scope) -> None:
-    if (
-        message["type"] != "http.response.start"
-        or not scope["path"].startswith("/track/")
-        or scope.get("method") not in ("GET", "HEAD")
-    ):
+    if message["type"] != "http.response.start" or not scope["path"].startswith("/track/"):
+        return
+    if family_of(scope["path"], str(scope.get("method", "GET"))) != "read":
         return
     headers = list(message.get("headers", []))
     if any(k.lower() == _MARK for k, _ in headers):

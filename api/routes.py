@@ -295,9 +295,9 @@ def get_profile_events(
             state.get("q"), dict
         ):
             raise InvalidRequest("scrollId is not valid for this list")
-        offset, size = state.get("o"), state["s"]
-        if not isinstance(offset, int) or offset < 0:
+        if not isinstance(state.get("o"), int) or state["o"] < 0:
             raise InvalidRequest("scrollId is not valid for this list")
+        offset, size = state["o"], state["s"]
         args = {k: state["q"].get(k) for k in ("include", "exclude", "start", "end")}
         sort = state["q"].get("sort", "desc")
         # A scroll may go past the from + size depth bound: that is what it is for.

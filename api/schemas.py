@@ -98,7 +98,7 @@ _ERRORS = {
 }
 
 
-def responses(ok: type, description: str, *, not_found: bool = True) -> dict[int, ResponseSpec]:
+def responses(ok: Any, description: str, *, not_found: bool = True) -> dict[int, ResponseSpec]:
     """The documented answers of a read route: its success body and every error of section 7."""
     out = {200: ResponseSpec(data_container=ok, description=description)}
     for status, text in _ERRORS.items():
