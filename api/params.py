@@ -15,7 +15,7 @@ from datetime import UTC, date, datetime
 from typing import Annotated, Any, Literal
 
 from litestar import Request
-from litestar.params import Parameter
+from litestar.params import Parameter, QueryParameter
 
 from mallard.errors import InvalidRequest, ValidationFailed
 
@@ -49,8 +49,8 @@ Sort = Annotated[
 ]
 From = Annotated[
     int,
-    Parameter(
-        query="from",
+    QueryParameter(
+        name="from",
         ge=0,
         description=f"Hits to skip. from + size may reach at most {MAX_DEPTH:,}; go deeper with"
         " scrollId.",
@@ -59,8 +59,8 @@ From = Annotated[
 Size = Annotated[int, Parameter(ge=1, le=MAX_SIZE, description="Page size, 1 to 100.")]
 ScrollId = Annotated[
     str | None,
-    Parameter(
-        query="scrollId",
+    QueryParameter(
+        name="scrollId",
         description="Continue a list from the previous answer's scrollId, on the same"
         " snapshot of the data; the other parameters are those of the first page.",
     ),
