@@ -77,13 +77,30 @@ class _HashIndex:
         return self.rows[lo:hi]
 
 
+def _groups(
+    conn: duckdb.DuckDBPyConnection, keys: str, files: Files
+) -> dict[tuple[str, ...], tuple[int, int]]:
+    """(lo, hi) of each run of equal keys in rows sorted by those keys first."""
+    rows = conn.execute(
+        f"select {keys}, count(*) from read_parquet(?) group by all order by all",
+        [list(files.paths)],
+    ).fetchall()
+    out, lo = {}, 0
+    for *key, n in rows:
+        out[tuple(str(k) for k in key)] = (lo, lo + int(n))
+        lo += int(n)
+    return out
+
+
 class CustomerIndex:
+    """Customers ordered by account and customer id (the profile list's order)."""
+
     def __init__(self, conn: duckdb.DuckDBPyConnection, files: Files) -> None:
         t = conn.execute(
             "select account_id, user_id, customer_id, email_lower, traits,"
             " hash(account_id, user_id) as h_user, hash(account_id, customer_id) as h_id,"
             " hash(account_id, email_lower) as h_email"
-            " from read_parquet(?)",
+            " from read_parquet(?) order by account_id, customer_id",
             [list(files.paths)],
         ).to_arrow_table()
         self.cols = {c: t[c].combine_chunks() for c in _KEY.values()}
@@ -94,6 +111,21 @@ class CustomerIndex:
             for id_type in _KEY
         }
         self.rows = t.num_rows
+        self.accounts = {k[0]: v for k, v in _groups(conn, "account_id", files).items()}
+
+    def page(
+        self, account_id: str, after: str | None, offset: int, size: int
+    ) -> list[tuple[str, str]]:
+        """(customer_id, traits) in customer_id order: after a key, then skip offset."""
+        lo, hi = self.accounts.get(account_id, (0, 0))
+        ids = self.cols["customer_id"]
+        if after:
+            lo = bisect.bisect_right(range(lo, hi), after, key=lambda i: ids[i].as_py()) + lo
+        start = lo + offset
+        return [
+            (str(ids[i].as_py()), str(self.traits[i].as_py()))
+            for i in range(start, min(hi, start + size))
+        ]
 
     def lookup(self, account_id: str, id_type: str, value: str) -> list[tuple[str, str]]:
         """(customer_id, traits) of the customers an idType:id names, by customer_id."""
@@ -121,27 +153,35 @@ class EventIndex:
             np.cumsum([0] + [m.row_group(i).num_rows for i in range(m.num_row_groups)])
             for m in self.meta
         ]
+        self.action_names = [
+            str(r[0])
+            for r in conn.execute(
+                "select distinct event_action from read_parquet(?)"
+                " where event_action is not null order by 1",
+                [list(files.paths)],
+            ).fetchall()
+        ]
+        # Only numbers come back (~32 bytes an event); the strings stay inside DuckDB's sort.
         t = conn.execute(
-            "select account_id, brand_id, event_action, epoch_us(event_time) as t,"
+            "select epoch_us(event_time) as t,"
+            " coalesce(list_position(?, event_action), 0)::integer - 1 as action,"
             " hash(account_id, customer_id) as h_customer,"
-            " list_position(?, filename) - 1 as file, file_row_number as row"
+            " (list_position(?, filename) - 1)::integer as file, file_row_number as row"
             " from read_parquet(?, filename = true, file_row_number = true)"
             " order by account_id, brand_id, event_time, event_id",
-            [list(files.paths), list(files.paths)],
+            [self.action_names, list(files.paths), list(files.paths)],
         ).to_arrow_table()
         self.n = t.num_rows
         self.t = t["t"].to_numpy()
-        self.file = t["file"].to_numpy().astype(np.int32)
-        self.row = t["row"].to_numpy().astype(np.int64)
-        actions = t["event_action"].combine_chunks().dictionary_encode()
-        self.action_names = [str(x) for x in actions.dictionary.to_pylist()]
-        self.action = actions.indices.to_numpy(zero_copy_only=False).astype(np.int32)
+        self.file = t["file"].to_numpy()
+        self.row = t["row"].to_numpy()
+        self.action = t["action"].to_numpy()
         self.by_customer = _HashIndex(t["h_customer"].to_numpy())
+        del t
         # Contiguous (lo, hi) of each account and brand, and the positions of each action in it.
         self.groups: dict[tuple[str, str], tuple[int, int]] = {}
         self.by_action: dict[tuple[str, str, int], np.ndarray[Any, Any]] = {}
-        runs = _runs(t["account_id"].to_numpy(), t["brand_id"].to_numpy()) if self.n else []
-        for (a, b), lo, hi in runs:
+        for (a, b), (lo, hi) in _groups(conn, "account_id, brand_id", files).items():
             self.groups[(a, b)] = (lo, hi)
             codes = self.action[lo:hi]
             for code in np.unique(codes):
@@ -243,16 +283,6 @@ class EventIndex:
             for k, i in items:
                 out[k] = str(col[i].as_py())
         return out
-
-
-def _runs(
-    a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]
-) -> list[tuple[tuple[str, str], int, int]]:
-    """(key, lo, hi) of each run of equal (account, brand) in sorted keys."""
-    change = np.nonzero((a[1:] != a[:-1]) | (b[1:] != b[:-1]))[0] + 1
-    starts = [0, *change.tolist()]
-    ends = [*change.tolist(), len(a)]
-    return [((str(a[s]), str(b[s])), s, e) for s, e in zip(starts, ends, strict=True)]
 
 
 class Index:

@@ -296,6 +296,9 @@ class Warehouse:
     def customer_page(
         self, snap: Snapshot, account_id: str, after: str | None, offset: int, size: int
     ) -> list[tuple[str, str]]:
+        idx = self.index(snap)
+        if idx is not None:
+            return idx.customers.page(account_id, after, offset, size)
         rows = self._query(
             f"select customer_id, traits from lake.marts.customers AT (VERSION => {snap.version})"
             " where account_id = ? and customer_id > ? order by customer_id limit ? offset ?",

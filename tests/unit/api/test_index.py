@@ -147,3 +147,14 @@ def test_profile_lookups_and_events_match_sql(fast: Warehouse, sql: Warehouse) -
                     assert fast.events(snap, account, brand, q, ids) == sql.events(
                         snap, account, brand, q, ids
                     ), (account, id_type, value, params)
+
+
+def test_profile_list_pages_match_sql(fast: Warehouse, sql: Warehouse) -> None:
+    snap = fast.snapshot()
+    for account in ("shop", "other", "nope"):
+        ids = [c for c, _ in sql.customer_page(snap, account, None, 0, 10_000)]
+        for after in (None, "", ids[5] if ids else "x", ids[-1] if ids else "y", "0", "g"):
+            for offset, size in ((0, 100), (3, 7), (250, 100)):
+                assert fast.customer_page(snap, account, after, offset, size) == sql.customer_page(
+                    snap, account, after, offset, size
+                ), (account, after, offset, size)
