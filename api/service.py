@@ -63,7 +63,9 @@ class Warehouse:
         self._keys: dict[int, tuple[Files, Files, int] | None] = {}  # version -> files, bytes
         self._indexes: dict[tuple[Files, Files], Index] = {}
         self._unusable: set[tuple[Files, Files]] = set()
-        self._building: tuple[Files, Files] | None = None
+        self._wanted: tuple[Files, Files] | None = None
+        self._builder_running = False
+        self._serving: int | None = None  # newest version answered from an index
         self._build_lock = threading.Lock()
         self._sig: tuple[Any, ...] | None = None
         self._sig_version = 0
@@ -136,10 +138,17 @@ class Warehouse:
         return version
 
     def snapshot(self, version: int | None = None) -> Snapshot:
-        """The current committed snapshot, or a given one (a scroll's), with its freshness."""
+        """The current committed snapshot, or a given one (a scroll's), with its freshness.
+
+        When the current snapshot's files are too big to index inside a request and their index
+        is still being built, the answer comes from the newest snapshot that has one: a few
+        seconds older (the freshness headers say so), instead of seconds-long scans of the lake.
+        """
         latest = version is None
         if version is None:
             version = self._current_version()
+            if self.index(version) is None and self._serving is not None and self._pending(version):
+                version = self._serving
         snap = self._fresh.get(version)
         if snap is None:
             fresh = self._query(
@@ -184,26 +193,51 @@ class Warehouse:
         self._keys[version] = key
         return key
 
-    def index(self, snap: Snapshot) -> Index | None:
+    def index(self, snap: Snapshot | int) -> Index | None:
         """The index of a snapshot's files: built now when small, else in the background (and
         None until then, so the answer comes from SQL)."""
         if not self.use_index:
             return None
-        found = self._files_of(snap.version)
+        version = snap if isinstance(snap, int) else snap.version
+        found = self._files_of(version)
         if found is None:
             return None
         customers, events, size = found
         key = (customers, events)
         idx = self._indexes.get(key)
-        if idx is not None or key in self._unusable:
+        if idx is not None:
+            if self._serving is None or version > self._serving:
+                self._serving = version
             return idx
+        if key in self._unusable:
+            return None
         if size <= INLINE_BUILD_BYTES:
             return self._build(key)
         with self._build_lock:
-            if self._building is None:
-                self._building = key
-                threading.Thread(target=self._build, args=(key,), daemon=True).start()
+            self._wanted = key
+            if not self._builder_running:
+                self._builder_running = True
+                threading.Thread(target=self._builder, daemon=True).start()
         return None
+
+    def _pending(self, version: int) -> bool:
+        """Whether the version's index is being built (or waiting to be)."""
+        found = self._files_of(version)
+        if found is None:
+            return False
+        key = (found[0], found[1])
+        return key not in self._indexes and key not in self._unusable
+
+    def _builder(self) -> None:
+        """Build the newest wanted index, one at a time: a pipeline run replaces the marts in
+        several commits, and only the last of them is worth indexing."""
+        while True:
+            with self._build_lock:
+                key = self._wanted
+                if key is None or key in self._indexes or key in self._unusable:
+                    self._builder_running = False
+                    return
+            self._build(key)
 
     def _build(self, key: tuple[Files, Files]) -> Index | None:
         t0 = time.monotonic()
@@ -219,10 +253,6 @@ class Warehouse:
             log.exception("read index build failed; answering from SQL")
             self._unusable.add(key)
             return None
-        finally:
-            with self._build_lock:
-                if self._building == key:
-                    self._building = None
         # Keep this build and the one before it (scrolls pinned to it may still be reading).
         self._indexes = {k: v for k, v in list(self._indexes.items())[-1:]} | {key: idx}
         log.info("read index built in %.1f s", time.monotonic() - t0)

@@ -158,3 +158,56 @@ def test_profile_list_pages_match_sql(fast: Warehouse, sql: Warehouse) -> None:
                 assert fast.customer_page(snap, account, after, offset, size) == sql.customer_page(
                     snap, account, after, offset, size
                 ), (account, after, offset, size)
+
+
+def test_big_builds_keep_answering_from_the_previous_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+    import time
+
+    from api import service
+
+    paths = build_lake(tmp_path, customers=50, events=500)
+    monkeypatch.setattr(service, "INLINE_BUILD_BYTES", 0)  # every build in the background
+    gate = threading.Event()
+    real_build = Warehouse._build
+
+    def gated(self: Warehouse, key: Any) -> Any:
+        gate.wait(30)
+        return real_build(self, key)
+
+    monkeypatch.setattr(Warehouse, "_build", gated)
+    wh = Warehouse(paths)
+    first = wh.snapshot()
+    assert wh.index(first) is None  # nothing built yet: SQL on the current snapshot
+    q = event_query(size=100)
+    before = wh.events(first, "shop", "SHOP", q)
+    gate.set()
+    deadline = time.monotonic() + 30
+    while wh.index(first) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert wh.index(first) is not None
+    gate.clear()
+
+    conn = connect(paths)
+    conn.execute(
+        "create or replace table lake.marts.events as select * from lake.marts.events"
+        " union all select md5('new'), md5('c1'), 'u-1', null, null, 'page',"
+        " timestamptz '2027-01-01 00:00:00+00', now(), 'acme', 'shop', 'SHOP', 'server',"
+        " json_object('eventId', md5('new'))"
+        " order by account_id, event_time, event_id"
+    )
+    conn.close()
+    # While the new build waits, answers come from the previous snapshot, whole.
+    during = wh.snapshot()
+    assert during.version == first.version
+    assert wh.events(during, "shop", "SHOP", q) == before
+    gate.set()
+    deadline = time.monotonic() + 30
+    while wh.snapshot().version == first.version and time.monotonic() < deadline:
+        time.sleep(0.01)
+    after = wh.snapshot()
+    assert after.version > first.version
+    newest = wh.events(after, "shop", "SHOP", event_query(size=1))
+    assert '"eventId"' in newest[0] and newest != before[:1]
