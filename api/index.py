@@ -77,6 +77,41 @@ class _HashIndex:
         return self.rows[lo:hi]
 
 
+class _Rows:
+    """Reads single rows of immutable Parquet files by (file, row): one small row group each."""
+
+    def __init__(self, files: Files) -> None:
+        self.files = files.paths
+        self.meta = [pq.ParquetFile(p).metadata for p in files.paths]
+        # Row-group start offsets per file, to turn a file row into (row group, row in group).
+        self.rg_starts = [
+            np.cumsum([0] + [m.row_group(i).num_rows for i in range(m.num_row_groups)])
+            for m in self.meta
+        ]
+
+    def read(self, column: str, locations: list[tuple[int, int]]) -> list[str]:
+        where: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for k, (f, r) in enumerate(locations):
+            rg = int(np.searchsorted(self.rg_starts[f], r, "right")) - 1
+            where.setdefault((f, rg), []).append((k, r - int(self.rg_starts[f][rg])))
+        out: list[str] = [""] * len(locations)
+        for (f, rg), items in where.items():
+            # A ParquetFile per read: opened on cached metadata it is cheap, and never shared
+            # between threads.
+            col = pq.ParquetFile(self.files[f], metadata=self.meta[f]).read_row_group(
+                rg, columns=[column]
+            )[column]
+            for k, i in items:
+                out[k] = str(col[i].as_py())
+        return out
+
+
+_LOCATION = (
+    "(list_position(?, filename) - 1)::integer as file, file_row_number as row"
+    " from read_parquet(?, filename = true, file_row_number = true)"
+)
+
+
 def _groups(
     conn: duckdb.DuckDBPyConnection, keys: str, files: Files
 ) -> dict[tuple[str, ...], tuple[int, int]]:
@@ -99,10 +134,14 @@ class CustomerIndex:
         t = conn.execute(
             "select account_id, user_id, customer_id, email_lower, traits,"
             " hash(account_id, user_id) as h_user, hash(account_id, customer_id) as h_id,"
-            " hash(account_id, email_lower) as h_email"
-            " from read_parquet(?) order by account_id, customer_id",
-            [list(files.paths)],
+            " hash(account_id, email_lower) as h_email, "
+            + _LOCATION
+            + " order by account_id, customer_id",
+            [list(files.paths), list(files.paths)],
         ).to_arrow_table()
+        self.file = t["file"].to_numpy()
+        self.row = t["row"].to_numpy()
+        self.reader = _Rows(files)
         self.cols = {c: t[c].combine_chunks() for c in _KEY.values()}
         self.account = t["account_id"].combine_chunks()
         self.traits = t["traits"].combine_chunks()
@@ -127,32 +166,34 @@ class CustomerIndex:
             for i in range(start, min(hi, start + size))
         ]
 
-    def lookup(self, account_id: str, id_type: str, value: str) -> list[tuple[str, str]]:
-        """(customer_id, traits) of the customers an idType:id names, by customer_id."""
+    def lookup(
+        self, account_id: str, id_type: str, value: str, column: str = "traits"
+    ) -> list[tuple[str, str]]:
+        """(customer_id, traits or metadata) of the customers an idType:id names, by id."""
         if id_type == "email":
             value = _hash.lower(value)
         want = _hash(account_id, value)
         col = self.cols[_KEY[id_type]]
-        out = [
-            (str(self.cols["customer_id"][i].as_py()), str(self.traits[i].as_py()))
+        rows = sorted(
+            (str(self.cols["customer_id"][i].as_py()), i)
             for i in (int(r) for r in self.by[id_type].rows_of(want))
             # A hash names candidates; the key itself decides.
             if col[i].as_py() == value and self.account[i].as_py() == account_id
-        ]
-        return sorted(out)
+        )
+        if column == "metadata":
+            docs = self.reader.read(
+                "metadata", [(int(self.file[i]), int(self.row[i])) for _, i in rows]
+            )
+        else:
+            docs = [str(self.traits[i].as_py()) for _, i in rows]
+        return [(cid, doc) for (cid, _), doc in zip(rows, docs, strict=True)]
 
 
 class EventIndex:
     """Events ordered as the API lists them: by account, brand, event time, event id."""
 
     def __init__(self, conn: duckdb.DuckDBPyConnection, files: Files) -> None:
-        self.files = files.paths
-        self.meta = [pq.ParquetFile(p).metadata for p in files.paths]
-        # Row-group start offsets per file, to turn a file row into (row group, row in group).
-        self.rg_starts = [
-            np.cumsum([0] + [m.row_group(i).num_rows for i in range(m.num_row_groups)])
-            for m in self.meta
-        ]
+        self.reader = _Rows(files)
         self.action_names = [
             str(r[0])
             for r in conn.execute(
@@ -165,10 +206,9 @@ class EventIndex:
         t = conn.execute(
             "select epoch_us(event_time) as t,"
             " coalesce(list_position(?, event_action), 0)::integer - 1 as action,"
-            " hash(account_id, customer_id) as h_customer,"
-            " (list_position(?, filename) - 1)::integer as file, file_row_number as row"
-            " from read_parquet(?, filename = true, file_row_number = true)"
-            " order by account_id, brand_id, event_time, event_id",
+            " hash(account_id, customer_id) as h_customer, "
+            + _LOCATION
+            + " order by account_id, brand_id, event_time, event_id",
             [self.action_names, list(files.paths), list(files.paths)],
         ).to_arrow_table()
         self.n = t.num_rows
@@ -267,22 +307,9 @@ class EventIndex:
 
     def records(self, positions: Iterable[int]) -> list[str]:
         """The JSON records at these positions, read from their Parquet row groups."""
-        positions = list(positions)
-        where: dict[tuple[int, int], list[tuple[int, int]]] = {}
-        for k, p in enumerate(positions):
-            f, r = int(self.file[p]), int(self.row[p])
-            rg = int(np.searchsorted(self.rg_starts[f], r, "right")) - 1
-            where.setdefault((f, rg), []).append((k, r - int(self.rg_starts[f][rg])))
-        out: list[str] = [""] * len(positions)
-        for (f, rg), items in where.items():
-            # A ParquetFile per read: opened on cached metadata it is cheap, and never shared
-            # between threads.
-            col = pq.ParquetFile(self.files[f], metadata=self.meta[f]).read_row_group(
-                rg, columns=["record"]
-            )["record"]
-            for k, i in items:
-                out[k] = str(col[i].as_py())
-        return out
+        return self.reader.read(
+            "record", [(int(self.file[p]), int(self.row[p])) for p in positions]
+        )
 
 
 class Index:

@@ -308,10 +308,9 @@ class Warehouse:
         self, snap: Snapshot, account_id: str, id_type: str, value: str, column: str
     ) -> list[tuple[str, str]]:
         """(customer_id, traits|metadata JSON) of the customers an idType:id names."""
-        if column != "metadata":
-            idx = self.index(snap)
-            if idx is not None:
-                return idx.customers.lookup(account_id, id_type, value)
+        idx = self.index(snap)
+        if idx is not None:
+            return idx.customers.lookup(account_id, id_type, value, column)
         key = {"userId": "user_id = ?", "id": "customer_id = ?", "email": "email_lower = lower(?)"}[
             id_type
         ]

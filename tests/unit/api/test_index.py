@@ -129,7 +129,7 @@ def test_profile_lookups_and_events_match_sql(fast: Warehouse, sql: Warehouse) -
     probes += [("id", "nope"), ("userId", "")]
     for account in ("shop", "other"):
         for id_type, value in probes:
-            for column in ("traits", "id"):
+            for column in ("traits", "metadata", "id"):
                 got = fast.customers_by(snap, account, id_type, value, column)
                 want = sql.customers_by(snap, account, id_type, value, column)
                 if column == "id":
