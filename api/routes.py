@@ -300,6 +300,8 @@ def get_profile_events(
         offset, size = state["o"], state["s"]
         args = {k: state["q"].get(k) for k in ("include", "exclude", "start", "end")}
         sort = state["q"].get("sort", "desc")
+        if not all(v is None or isinstance(v, str) for v in [*args.values(), sort]):
+            raise InvalidRequest("scrollId is not valid for this list")
         # A scroll may go past the from + size depth bound: that is what it is for.
         q = event_query(**args, sort=sort, size=size)
         q = type(q)(**{**q.__dict__, "offset": offset})
