@@ -172,7 +172,9 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lake]:
         "account": token(d, f"brands:{CLIENT}/{ACCOUNT}"),
         "outlet": token(d, f"brand:{CLIENT}/{ACCOUNT}/{OTHER_BRAND}"),
     }
-    srv = Server(d, free_port(), creds, env={"MALLARD_ROLL_INTERVAL_S": "0.3"})
+    # The rate limit has its own test; here a tight read loop must not trip it.
+    fast = {"MALLARD_RATE_PER_SECOND": "100000", "MALLARD_RATE_BURST": "100000"}
+    srv = Server(d, free_port(), creds, env={"MALLARD_ROLL_INTERVAL_S": "0.3", **fast})
     srv.start()
     try:
         sent = Sent()
