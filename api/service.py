@@ -77,6 +77,17 @@ class Warehouse:
         self._fresh: dict[int, Snapshot] = {}
         self.latest: Snapshot | None = None  # the newest snapshot a request has read
 
+    def warm(self) -> None:
+        """Start building the current snapshot's index now, not at the first request."""
+
+        def run() -> None:
+            try:
+                self.snapshot()
+            except Exception:  # nothing to warm yet (no lake, no marts): requests will tell
+                log.debug("read index not warmed", exc_info=True)
+
+        threading.Thread(target=run, daemon=True).start()
+
     def close(self) -> None:
         with self._lock:
             if self._conn is not None:

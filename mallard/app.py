@@ -96,6 +96,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         app.state.collector = Collector(settings, paths)
         await app.state.collector.start()
         app.state.warehouse = Warehouse(paths)
+        app.state.warehouse.warm()
         try:
             yield
         finally:
