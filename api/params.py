@@ -1,4 +1,9 @@
-"""Query parameters of the list endpoints (INTERFACE.md 4.3, 4.4), parsed and checked."""
+"""Query parameters of the read API (INTERFACE.md 4.3, 4.4): declarations, checks, scroll tokens.
+
+The handlers declare these as typed Litestar parameters, so the OpenAPI document lists exactly
+what they accept; the checks Litestar cannot express (from + size depth, start before end,
+unknown parameters, scroll tokens) live here.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,10 @@ import binascii
 import json
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from litestar import Request
+from litestar.params import Parameter, QueryParameter
 
 from mallard.errors import InvalidRequest, ValidationFailed
 
@@ -15,6 +23,52 @@ MAX_SIZE = 100
 DEFAULT_SIZE = 100
 MAX_DEPTH = 10_000  # from + size may page through at most this many results
 ID_TYPES = ("userId", "email", "id")
+
+Include = Annotated[
+    str | None,
+    Parameter(description="Only events of this one event action (snake_case, e.g. logged_in)."),
+]
+Exclude = Annotated[
+    str | None,
+    Parameter(description="Comma-separated event actions to leave out, e.g. page,identify."),
+]
+Start = Annotated[
+    str | None,
+    Parameter(
+        description="Events after this ISO-8601 date (midnight UTC) or date-time"
+        " (UTC unless it carries an offset).",
+    ),
+]
+End = Annotated[
+    str | None,
+    Parameter(description="Events before this ISO-8601 date (midnight UTC) or date-time."),
+]
+Sort = Annotated[
+    Literal["asc", "desc"],
+    Parameter(description="Order by event time; newest first by default."),
+]
+From = Annotated[
+    int,
+    QueryParameter(
+        name="from",
+        ge=0,
+        description=f"Hits to skip. from + size may reach at most {MAX_DEPTH:,}; go deeper with"
+        " scrollId.",
+    ),
+]
+Size = Annotated[int, Parameter(ge=1, le=MAX_SIZE, description="Page size, 1 to 100.")]
+ScrollId = Annotated[
+    str | None,
+    QueryParameter(
+        name="scrollId",
+        description="Continue a list from the previous answer's scrollId, on the same"
+        " snapshot of the data; the other parameters are those of the first page.",
+    ),
+]
+
+EVENT_PARAMS = frozenset({"include", "exclude", "start", "end", "sort", "from", "size"})
+PROFILE_EVENT_PARAMS = EVENT_PARAMS | {"scrollId"}
+PROFILE_LIST_PARAMS = frozenset({"from", "size", "scrollId"})
 
 
 @dataclass(frozen=True)
@@ -28,21 +82,29 @@ class EventQuery:
     size: int = DEFAULT_SIZE
 
 
-def _int(params: dict[str, str], name: str, default: int) -> int:
-    raw = params.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise InvalidRequest(f'"{name}" must be an integer, got {raw[:40]!r}') from None
+def only(request: Request[Any, Any, Any], allowed: frozenset[str]) -> None:
+    """Refuse query parameters a route does not take, so a typo is not silently ignored."""
+    unknown = sorted(set(request.query_params) - allowed)
+    if unknown:
+        raise InvalidRequest(
+            f"unknown query parameter {', '.join(unknown)}; this route takes"
+            f" {', '.join(sorted(allowed)) or 'none'}"
+        )
 
 
-def _time(params: dict[str, str], name: str) -> datetime | None:
-    raw = params.get(name)
+def check_page(offset: int, size: int) -> None:
+    """The depth bound Litestar's per-parameter checks cannot express."""
+    if offset + size > MAX_DEPTH:
+        raise InvalidRequest(
+            f'"from" + "size" must not exceed {MAX_DEPTH}; use scrollId to go deeper'
+        )
+
+
+def _time(name: str, raw: str | None) -> datetime | None:
     if not raw:
         return None
     try:
+        # A `+` offset arrives as a space when the caller did not URL-encode it.
         t = datetime.fromisoformat(raw.replace(" ", "+"))
     except ValueError:
         try:
@@ -55,32 +117,25 @@ def _time(params: dict[str, str], name: str) -> datetime | None:
     return t.replace(tzinfo=UTC) if t.tzinfo is None else t
 
 
-def page(params: dict[str, str]) -> tuple[int, int]:
-    """(from, size) with the interface's bounds."""
-    offset = _int(params, "from", 0)
-    size = _int(params, "size", DEFAULT_SIZE)
-    if not 1 <= size <= MAX_SIZE:
-        raise InvalidRequest(f'"size" must be between 1 and {MAX_SIZE}, got {size}')
-    if offset < 0:
-        raise InvalidRequest(f'"from" must be 0 or more, got {offset}')
-    if offset + size > MAX_DEPTH:
-        raise InvalidRequest(
-            f'"from" + "size" must not exceed {MAX_DEPTH}; use scrollId to go deeper'
-        )
-    return offset, size
-
-
-def event_query(params: dict[str, str]) -> EventQuery:
-    sort = (params.get("sort") or "desc").lower()
+def event_query(
+    include: str | None = None,
+    exclude: str | None = None,
+    start: str | None = None,
+    end: str | None = None,
+    sort: str = "desc",
+    offset: int = 0,
+    size: int = DEFAULT_SIZE,
+) -> EventQuery:
     if sort not in ("asc", "desc"):
         raise InvalidRequest(f'"sort" must be asc or desc, got {sort[:20]!r}')
-    offset, size = page(params)
-    start, end = _time(params, "start"), _time(params, "end")
-    if start and end and start > end:
+    if offset < 0 or not 1 <= size <= MAX_SIZE:
+        raise InvalidRequest(f'"from" must be 0 or more and "size" 1 to {MAX_SIZE}')
+    check_page(offset, size)
+    t0, t1 = _time("start", start), _time("end", end)
+    if t0 and t1 and t0 > t1:
         raise InvalidRequest('"start" must be before "end"')
-    exclude = tuple(x.strip() for x in (params.get("exclude") or "").split(",") if x.strip())
-    include = (params.get("include") or "").strip() or None
-    return EventQuery(include, exclude, start, end, sort, offset, size)
+    excluded = tuple(x.strip() for x in (exclude or "").split(",") if x.strip())
+    return EventQuery((include or "").strip() or None, excluded, t0, t1, sort, offset, size)
 
 
 def profile_id(raw: str) -> tuple[str, str]:
@@ -98,11 +153,18 @@ def encode_scroll(state: dict[str, Any]) -> str:
     return base64.urlsafe_b64encode(json.dumps(state, separators=(",", ":")).encode()).decode()
 
 
-def decode_scroll(token: str) -> dict[str, Any]:
+def decode_scroll(token: str, kind: str) -> dict[str, Any]:
+    """The state a scrollId carries; refused unless it was made by a list of this kind."""
     try:
-        state = json.loads(base64.urlsafe_b64decode(token.encode()))
+        state = json.loads(base64.urlsafe_b64decode(token.encode() + b"=" * (-len(token) % 4)))
     except (binascii.Error, ValueError, UnicodeDecodeError):
         raise InvalidRequest("scrollId is not valid") from None
-    if not isinstance(state, dict) or not isinstance(state.get("v"), int):
-        raise InvalidRequest("scrollId is not valid")
+    if (
+        not isinstance(state, dict)
+        or state.get("t") != kind
+        or not isinstance(state.get("v"), int)
+        or not isinstance(state.get("s"), int)
+        or not 1 <= state["s"] <= MAX_SIZE
+    ):
+        raise InvalidRequest("scrollId is not valid for this list")
     return state

@@ -241,10 +241,8 @@ class Preferences:
         self._checked: dict[str, int] = {}  # customer id -> snapshot last checked for loads
 
     def snapshot(self) -> Snapshot:
-        """The current warehouse snapshot; unlike Warehouse.snapshot() it skips reading the
-        freshness mart, which these answers do not report (one DuckLake query less)."""
-        rows = self.warehouse._query("select id from lake.current_snapshot()")
-        return Snapshot(int(rows[0][0]) if rows else 0, None, None)
+        """The snapshot the read API serves (cached per catalog change, freshness included)."""
+        return self.warehouse.snapshot()
 
     def subscriber(self, snap: Snapshot, subscription_id: str) -> Subscriber:
         """The customer the id addresses; NotFound for anything else (ids are never listed)."""

@@ -1,11 +1,15 @@
 """Reads for the API from the warehouse's marts, each request on one committed snapshot.
 
-Every request first reads the DuckLake snapshot id, then runs all its queries `AT (VERSION =>
+Every request first fixes the DuckLake snapshot id, then runs all its reads `AT (VERSION =>
 v)`: an answer never mixes two builds, and a scrollId pins the snapshot its first page saw.
+Traits and event pages come from an in-memory index of the snapshot's files when one is built
+(api/index.py); otherwise, and for everything else, from SQL on the lake.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -14,12 +18,19 @@ from typing import Any
 
 import duckdb
 
+from api.index import Files, Index
 from api.params import EventQuery
-from mallard.errors import Unavailable
+from mallard.errors import InvalidRequest, Unavailable
 from mallard.paths import DataPaths
 from mallard.warehouse import connect
 
-_MISSING = ("does not exist", "not found")
+log = logging.getLogger(__name__)
+# Marts up to this size (Parquet bytes) are indexed inside the request that first needs them, so
+# an answer right after a pipeline run already uses the index; bigger ones in the background.
+INLINE_BUILD_BYTES = 32 * 1024 * 1024
+# A missed change to the catalog's files is picked up after at most this long.
+SNAPSHOT_MAX_AGE_S = 1.0
+FRESHNESS_HEADERS = ("x-mallard-data-through", "x-mallard-built-at", "x-mallard-snapshot")
 
 
 @dataclass(frozen=True)
@@ -29,12 +40,53 @@ class Snapshot:
     data_through: datetime | None
 
 
+def iso(t: datetime | None) -> str:
+    return t.isoformat().replace("+00:00", "Z") if t else ""
+
+
+def freshness_headers(snap: Snapshot) -> dict[str, str]:
+    """How fresh an answer is: the newest receipt its data reflects, when it was built, and the
+    warehouse snapshot it was read from (empty times before the first pipeline run)."""
+    through, built, version = FRESHNESS_HEADERS
+    return {through: iso(snap.data_through), built: iso(snap.built_at), version: str(snap.version)}
+
+
+def _missing_table(e: duckdb.Error) -> bool:
+    # Before the first pipeline run the marts do not exist yet: that is "no data", not a failure.
+    return isinstance(e, duckdb.CatalogException) and "does not exist" in str(e)
+
+
 class Warehouse:
-    def __init__(self, paths: DataPaths) -> None:
+    def __init__(self, paths: DataPaths, use_index: bool = True) -> None:
         self.paths = paths
+        self.use_index = use_index
+        self._keys: dict[int, tuple[Files, Files, int] | None] = {}  # version -> files, bytes
+        self._indexes: dict[tuple[Files, Files], Index] = {}
+        self._unusable: set[tuple[Files, Files]] = set()
+        self._wanted: tuple[Files, Files] | None = None
+        self._builder_running = False
+        self._serving: int | None = None  # newest version answered from an index
+        self._build_lock = threading.Lock()
+        self._sig: tuple[Any, ...] | None = None
+        self._sig_version = 0
+        self._sig_at = 0.0
+        self._counts: dict[Files, int] = {}
         self._conn: duckdb.DuckDBPyConnection | None = None
         self._lock = threading.Lock()
         self._local = threading.local()
+        self._fresh: dict[int, Snapshot] = {}
+        self.latest: Snapshot | None = None  # the newest snapshot a request has read
+
+    def warm(self) -> None:
+        """Start building the current snapshot's index now, not at the first request."""
+
+        def run() -> None:
+            try:
+                self.snapshot()
+            except Exception:  # nothing to warm yet (no lake, no marts): requests will tell
+                log.debug("read index not warmed", exc_info=True)
+
+        threading.Thread(target=run, daemon=True).start()
 
     def close(self) -> None:
         with self._lock:
@@ -60,24 +112,162 @@ class Warehouse:
                 return self._cursor().execute(sql, params or []).fetchall()
             except duckdb.Error as e:
                 msg = str(e)
-                if any(m in msg for m in _MISSING):
+                if _missing_table(e):
                     return []
+                if "No snapshot found" in msg:
+                    raise InvalidRequest(
+                        "scrollId refers to data that has since been cleaned up; start again"
+                    ) from None
                 if "locked" in msg or "busy" in msg:
                     time.sleep(0.01 * 2**attempt)
                     continue
                 raise
         raise Unavailable("the warehouse is busy; retry")
 
+    def _catalog_signature(self) -> tuple[Any, ...] | None:
+        files = [self.paths.lake_catalog, self.paths.lake_catalog.with_name("catalog.sqlite-wal")]
+        sig: list[tuple[int, int, int] | None] = []
+        for f in files:
+            try:
+                st = os.stat(f)
+            except FileNotFoundError:
+                sig.append(None)
+                continue
+            sig.append((st.st_ino, st.st_size, st.st_mtime_ns))
+        return tuple(sig) if sig[0] is not None else None
+
+    def _current_version(self) -> int:
+        # A commit writes the SQLite catalog (or its WAL): while neither file changed, the
+        # current snapshot is the one read last, and a catalog query (~2 ms) is saved.
+        sig = self._catalog_signature()
+        now = time.monotonic()
+        if sig is not None and sig == self._sig and now - self._sig_at < SNAPSHOT_MAX_AGE_S:
+            return self._sig_version
+        rows = self._query("select id from lake.current_snapshot()")
+        version = int(rows[0][0]) if rows else 0
+        self._sig, self._sig_version, self._sig_at = sig, version, now
+        return version
+
     def snapshot(self, version: int | None = None) -> Snapshot:
+        """The current committed snapshot, or a given one (a scroll's), with its freshness.
+
+        When the current snapshot's files are too big to index inside a request and their index
+        is still being built, the answer comes from the newest snapshot that has one: a few
+        seconds older (the freshness headers say so), instead of seconds-long scans of the lake.
+        """
+        latest = version is None
         if version is None:
-            rows = self._query("select id from lake.current_snapshot()")
-            version = int(rows[0][0]) if rows else 0
-        fresh = self._query(
-            f"select built_at, data_through from lake.marts.freshness AT (VERSION => {version})"
-        )
-        if fresh:
-            return Snapshot(version, fresh[0][0], fresh[0][1])
-        return Snapshot(version, None, None)
+            version = self._current_version()
+            if self.index(version) is None and self._serving is not None and self._pending(version):
+                version = self._serving
+        snap = self._fresh.get(version)
+        if snap is None:
+            fresh = self._query(
+                f"select built_at, data_through from lake.marts.freshness AT (VERSION => {version})"
+            )
+            snap = Snapshot(version, *(fresh[0] if fresh else (None, None)))
+            if len(self._fresh) > 1000:
+                self._fresh.clear()
+            self._fresh[version] = snap
+        if latest:
+            self.latest = snap
+        return snap
+
+    # --- the index -------------------------------------------------------------------------
+
+    def _files_of(self, version: int) -> tuple[Files, Files, int] | None:
+        """The Parquet files holding all rows of customers and events at a version, or None
+        when some rows are elsewhere (inlined in the catalog, or deleted by a delete file)."""
+        if version in self._keys:
+            return self._keys[version]
+        out: list[Files] = []
+        size = 0
+        for table in ("customers", "events"):
+            rows = self._query(
+                "select data_file, data_file_size_bytes, delete_file"
+                f" from ducklake_list_files('lake', '{table}', schema => 'marts',"
+                f" snapshot_version => {version})"
+            )
+            count = self._query(
+                f"select count(*) from lake.marts.{table} AT (VERSION => {version})"
+            )
+            files = tuple(sorted(str(r[0]) for r in rows))
+            if not rows or any(r[2] for r in rows) or not count:
+                self._keys[version] = None
+                return None
+            out.append(Files(files))
+            size += sum(int(r[1]) for r in rows)
+            self._counts[Files(files)] = int(count[0][0])
+        key = (out[0], out[1], size)
+        if len(self._keys) > 1000:
+            self._keys.clear()
+        self._keys[version] = key
+        return key
+
+    def index(self, snap: Snapshot | int) -> Index | None:
+        """The index of a snapshot's files: built now when small, else in the background (and
+        None until then, so the answer comes from SQL)."""
+        if not self.use_index:
+            return None
+        version = snap if isinstance(snap, int) else snap.version
+        found = self._files_of(version)
+        if found is None:
+            return None
+        customers, events, size = found
+        key = (customers, events)
+        idx = self._indexes.get(key)
+        if idx is not None:
+            if self._serving is None or version > self._serving:
+                self._serving = version
+            return idx
+        if key in self._unusable:
+            return None
+        if size <= INLINE_BUILD_BYTES:
+            return self._build(key)
+        with self._build_lock:
+            self._wanted = key
+            if not self._builder_running:
+                self._builder_running = True
+                threading.Thread(target=self._builder, daemon=True).start()
+        return None
+
+    def _pending(self, version: int) -> bool:
+        """Whether the version's index is being built (or waiting to be)."""
+        found = self._files_of(version)
+        if found is None:
+            return False
+        key = (found[0], found[1])
+        return key not in self._indexes and key not in self._unusable
+
+    def _builder(self) -> None:
+        """Build the newest wanted index, one at a time: a pipeline run replaces the marts in
+        several commits, and only the last of them is worth indexing."""
+        while True:
+            with self._build_lock:
+                key = self._wanted
+                if key is None or key in self._indexes or key in self._unusable:
+                    self._builder_running = False
+                    return
+            self._build(key)
+
+    def _build(self, key: tuple[Files, Files]) -> Index | None:
+        t0 = time.monotonic()
+        try:
+            idx = Index(*key)
+            # Every row must be in the files, or the index would silently miss some.
+            if idx.customers.rows != self._counts.get(key[0]) or idx.events.n != self._counts.get(
+                key[1]
+            ):
+                self._unusable.add(key)
+                return None
+        except Exception:
+            log.exception("read index build failed; answering from SQL")
+            self._unusable.add(key)
+            return None
+        # Keep this build and the one before it (scrolls pinned to it may still be reading).
+        self._indexes = {k: v for k, v in list(self._indexes.items())[-1:]} | {key: idx}
+        log.info("read index built in %.1f s", time.monotonic() - t0)
+        return idx
 
     # --- events ----------------------------------------------------------------------------
 
@@ -89,6 +279,12 @@ class Warehouse:
         q: EventQuery,
         customer_ids: list[str] | None = None,
     ) -> list[str]:
+        idx = self.index(snap)
+        if idx is not None:
+            hashes = None
+            if customer_ids is not None:
+                hashes = idx.customer_hashes(account_id, customer_ids)
+            return idx.events.records(idx.events.page(account_id, brand_id, q, hashes))
         where = ["account_id = ?", "brand_id = ?"]
         params: list[Any] = [account_id, brand_id]
         if customer_ids is not None:
@@ -123,6 +319,9 @@ class Warehouse:
         self, snap: Snapshot, account_id: str, id_type: str, value: str, column: str
     ) -> list[tuple[str, str]]:
         """(customer_id, traits|metadata JSON) of the customers an idType:id names."""
+        idx = self.index(snap)
+        if idx is not None:
+            return idx.customers.lookup(account_id, id_type, value, column)
         key = {"userId": "user_id = ?", "id": "customer_id = ?", "email": "email_lower = lower(?)"}[
             id_type
         ]
@@ -137,6 +336,9 @@ class Warehouse:
     def customer_page(
         self, snap: Snapshot, account_id: str, after: str | None, offset: int, size: int
     ) -> list[tuple[str, str]]:
+        idx = self.index(snap)
+        if idx is not None:
+            return idx.customers.page(account_id, after, offset, size)
         rows = self._query(
             f"select customer_id, traits from lake.marts.customers AT (VERSION => {snap.version})"
             " where account_id = ? and customer_id > ? order by customer_id limit ? offset ?",

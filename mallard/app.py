@@ -14,7 +14,7 @@ from litestar import Litestar, MediaType, Request, Response, get
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
-from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from litestar.types import Message, Scope
 
 from mallard.config import apply_tenants
 from mallard.errors import MallardError, error_body, family_of
@@ -36,13 +36,23 @@ _HTTP_CODES = {
 }
 
 
+def _detail(exc: HTTPException) -> str:
+    """The framework's message, with the parameter checks that failed (e.g. size: Expected
+    `int` <= 100) rather than only "Validation failed for GET ..."."""
+    extra = exc.extra if isinstance(exc.extra, list) else []
+    problems = [
+        f"{e.get('key')}: {e.get('message')}" for e in extra if isinstance(e, dict) and e.get("key")
+    ]
+    return "; ".join(problems) if problems else str(exc.detail)
+
+
 def _json_error(request: Request, exc: Exception) -> Response[Any]:
     family = family_of(request.url.path, request.method)
     if isinstance(exc, MallardError):
         status, body = error_body(exc, family)
         headers = exc.headers
     elif isinstance(exc, HTTPException):
-        err = MallardError(str(exc.detail))
+        err = MallardError(_detail(exc))
         err.status, err.code = (
             exc.status_code,
             _HTTP_CODES.get(exc.status_code, "internal_server_error"),
@@ -56,27 +66,14 @@ def _json_error(request: Request, exc: Exception) -> Response[Any]:
     return Response(body, status_code=status, headers=headers, media_type=MediaType.JSON)
 
 
-class RequestIdMiddleware:
-    """Every HTTP response, errors from the framework included, carries x-mallard-RequestId."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        request_id = new_id().encode()
-
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [
-                    *message.get("headers", []),
-                    (b"x-mallard-RequestId", request_id),
-                ]
-            await send(message)
-
-        await self.app(scope, receive, send_with_id)
+async def add_request_id(message: Message, scope: Scope) -> None:
+    """Every HTTP response carries x-mallard-RequestId, framework 404/405 included (a hook, not
+    a middleware, because route middleware never sees unmatched paths)."""
+    if message["type"] == "http.response.start":
+        message["headers"] = [
+            *message.get("headers", []),
+            (b"x-mallard-RequestId", new_id().encode()),
+        ]
 
 
 @get("/health", operation_id="health", include_in_schema=False, sync_to_thread=False)
@@ -85,6 +82,7 @@ def health(request: Request) -> dict[str, Any]:
 
 
 def create_app(settings: Settings | None = None) -> Litestar:
+    from api.middleware import add_freshness
     from api.preferences_routes import ROUTES as PREFERENCE_ROUTES
     from api.routes import ROUTES as API_ROUTES
     from api.service import Warehouse
@@ -102,6 +100,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         app.state.collector = Collector(settings, paths)
         await app.state.collector.start()
         app.state.warehouse = Warehouse(paths)
+        app.state.warehouse.warm()
         try:
             yield
         finally:
@@ -119,7 +118,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         ],
         lifespan=[lifespan],
         exception_handlers={Exception: _json_error},
-        middleware=[RequestIdMiddleware],
+        before_send=[add_request_id, add_freshness],
         request_max_body_size=settings.limits.max_body_bytes,
         openapi_config=OpenAPIConfig(title="Mallard", version="1", path="/schema"),
         debug=False,
