@@ -13,6 +13,7 @@ span), so n processes can generate 10M events in parallel, each like one collect
 from __future__ import annotations
 
 import random
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -51,16 +52,16 @@ def _iso(t: datetime) -> str:
     return t.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
-def event_id(received: datetime, part: int, n: int) -> str:
+def event_id(received: datetime, node: int, n: int) -> str:
     """A UUIDv7-shaped eventId, time-ordered by receipt like the collector's (mallard.ids),
-    but a function of the stream position, so the same seed gives the same ids."""
+    but a function of the model (node) and the stream position: same seed, same ids."""
     ms = int(received.timestamp() * 1000)
     value = (
         (ms & 0xFFFFFFFFFFFF) << 80
         | 0x7 << 76
         | ((n >> 32) & 0xFFF) << 64
         | 0b10 << 62
-        | (part & 0x3FFFFFFF) << 32
+        | (node & 0x3FFFFFFF) << 32
         | (n & 0xFFFFFFFF)
     )
     h = f"{value:032x}"
@@ -195,6 +196,7 @@ class Traffic:
         """The stream as the collector stores it: its own `stamp()` (server channel, http
         source), encoded as in its log; the eventId is made from the stream position."""
         tenant = Tenant(self.client_id, self.account_id, self.brand_id)
+        node = zlib.crc32(f"{self.seed}/{self.part}/{self.parts}".encode())
         for n, msg in enumerate(self.client_messages()):
             received: datetime = msg.pop("_receivedAt")
             stored = stamp(
@@ -206,7 +208,7 @@ class Traffic:
                 received=received,
                 request_ip=None,
             )
-            stored["eventId"] = event_id(received, self.part, n)
+            stored["eventId"] = event_id(received, node, n)
             yield _enc.encode(stored)
 
     def landing_batches(self, rows_per_batch: int = 100_000) -> Iterator[pa.Table]:

@@ -19,7 +19,7 @@ import shutil
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -112,7 +112,8 @@ class Lake:
     customers: int
     seed: int
     built: bool = False
-    extra_events: int = 0  # landed since the first build (incremental, rebuild, probes)
+    extra_batches: int = 0  # traffic landed since the first build (incremental, rebuilds)
+    extra_events: int = 0
 
     @property
     def paths(self) -> DataPaths:
@@ -120,23 +121,36 @@ class Lake:
 
     @property
     def traffic(self) -> Traffic:
-        return Traffic(seed=self.seed, customers=self.customers, events=self.events)
+        """The lake's traffic, sent to the demo tenant `mallard init` made (the API's creds)."""
+        return Traffic(
+            seed=self.seed,
+            customers=self.customers,
+            events=self.events,
+            client_id=self.creds["clientId"],
+            account_id=self.creds["accountId"],
+            brand_id=self.creds["brandId"],
+        )
 
     def save(self) -> None:
         d = {**asdict(self), "data_dir": str(self.data_dir)}
         (self.data_dir / MANIFEST).write_text(json.dumps(d, indent=1))
 
-    def more_traffic(self, events: int, salt: int) -> Traffic:
-        """A day of new traffic after the lake's span (the salt-th such day): the same
-        customers (some identify again, with new trait values), new devices and messages."""
+    def land_more(self, events: int) -> int:
+        """Land a day of new traffic after what the lake holds: the same customers (some
+        identify again, with new trait values), new devices and messages. Returns the rows."""
         base = self.traffic
-        return Traffic(
-            seed=self.seed * 1000 + salt,
-            customers=self.customers,
+        self.extra_batches += 1
+        more = replace(
+            base,
+            seed=self.seed * 1000 + self.extra_batches,
             events=events,
-            start=base.start + timedelta(days=base.span_days + salt),
+            start=base.start + timedelta(days=base.span_days + self.extra_batches),
             span_days=1.0,
         )
+        rows, _, _ = generate(self.data_dir, more, "inc")
+        self.extra_events += rows
+        self.save()
+        return rows
 
     def pipeline_run(self, timeout: float = 7200) -> float:
         """`mallard pipeline run`; returns its wall time in seconds."""

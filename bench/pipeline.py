@@ -90,11 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     lake.built = True
     lake.save()
 
-    more = lake.more_traffic(increment, salt=1)
-    inc_rows, _, _ = generate(lake.data_dir, more, "inc")
+    inc_rows = lake.land_more(increment)
     inc_s, inc_steps = timed_run(lake.pipeline_run, lake.data_dir, f"incremental (+{inc_rows:,})")
-    lake.extra_events += inc_rows
-    lake.save()
 
     ratio = full_s / base_s if base_s else 0.0
     dbt_ratio = full_steps.get("dbt", 0.0) / base_s if base_s else 0.0
