@@ -193,13 +193,14 @@ def main(argv: list[str] | None = None) -> int:
     runner: PipelineLoop | SensorDaemon = (
         PipelineLoop(lake) if args.mode == "loop" else SensorDaemon(lake)
     )
+    runs: list[tuple[float, int]] = []
     try:
         runner.start()
         probes = probe_loop(server, seconds, interval, settle, tag=str(int(time.time())))
+        runs = list(runner.runs)  # finished runs only: stopping the daemon interrupts its runs
     finally:
         runner.stop()
         server.stop()
-    runs = runner.runs
     seen = [d for d in (pr.delay for pr in probes) if d is not None]
     unseen = len(probes) - len(seen)
     lat = summarize(seen) if seen else {"p50": 0.0, "p95": 0.0, "max": 0.0}
