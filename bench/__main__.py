@@ -67,7 +67,9 @@ def report(
                 else val
             )
             unit, goal = row.get("unit", ""), row.get("goal", "")
-            lines.append(f"| {name} | {row['metric']} | {val} {unit} | {goal} | {met} |")
+            lines.append(
+                f"| {name} | {row['metric']} | {f'{val} {unit}'.strip()} | {goal} | {met} |"
+            )
     return "\n".join(lines) + "\n"
 
 

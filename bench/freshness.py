@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, help="how long probes are sent")
     args = p.parse_args(argv)
     events, customers = sizes(args.full, args.events, args.customers)
-    seconds = args.seconds or (300.0 if args.full else 120.0)
+    seconds = args.seconds or (300.0 if args.full else 90.0)
     interval = 5.0 if args.full else 3.0
     settle = 1800.0 if args.full else 600.0  # bounded wait for the last probes
 

@@ -140,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         print_line("traits, idle (mixed)", idle_mixed["traits"])
         print_line("events, idle (mixed)", idle_mixed["events"])
 
+        snap_before = server.get("events/?size=1").headers.get("x-mallard-snapshot")
         added = lake.land_more(increment)
         print(f"landed {added:,} new events; rebuilding while reading...", flush=True)
         log = open(lake.data_dir / "bench-rebuild.log", "wb")  # noqa: SIM115 - closed below
@@ -165,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         rc = pipeline.wait(timeout=7200)
         rebuild_s = time.perf_counter() - t0
         log.close()
+        snap_after = server.get("events/?size=1").headers.get("x-mallard-snapshot")
         print_line("traits, during rebuild", during["traits"])
         print_line("events, during rebuild", during["events"])
         print(f"rebuild took {rebuild_s:.1f} s (exit {rc})", flush=True)
@@ -188,6 +190,13 @@ def main(argv: list[str] | None = None) -> int:
         row("traits, idle (mixed) p99", round(_p99(idle_mixed["traits"]), 2), "ms"),
         row("events page, idle (mixed) p99", round(_p99(idle_mixed["events"]), 2), "ms"),
         row("rebuild during reads (+ new events)", round(rebuild_s, 1), "s", "exit 0", rc == 0),
+        row(
+            "answers moved to the new build",
+            f"snapshot {snap_before} -> {snap_after}",
+            "",
+            "changed",
+            snap_before != snap_after,
+        ),
         row("non-200 answers", errors, "count", "0", errors == 0),
     ]
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -31,7 +31,7 @@ def test_report_lists_every_scenario_with_goal_and_met() -> None:
     assert "| ingest | durable / no-op | 0.70 ratio | >= 0.65 | yes |" in lines
     assert "| pipeline | full rebuild / baseline | 2.50 ratio | <= 2.0 | **no** |" in lines
     assert "| read_api | (failed or not available) | | | |" in lines
-    assert "| freshness | pipeline driven by | loop  |  |  |" in lines
+    assert "| freshness | pipeline driven by | loop |  |  |" in lines
     assert "Time taken: 3.0 min (ingest 1.0 min, pipeline 2.0 min)" in text
     assert "`python -m bench --quick`" in text
 
