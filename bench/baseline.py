@@ -88,6 +88,7 @@ def compare(data_dir: Path, out: Path) -> dict[str, tuple[tuple[int, int], tuple
     """Per fingerprint: (marts, baseline) as (rows, checksum). Equal pairs mean equal outputs."""
     conn = connect(DataPaths(data_dir), read_only=True)
     try:
+        conn.execute("set enable_progress_bar = false")
         conn.execute(f"attach '{out}' as base (read_only)")
         result = {}
         for name, sql in _FINGERPRINT.items():
@@ -105,7 +106,7 @@ def compare(data_dir: Path, out: Path) -> dict[str, tuple[tuple[int, int], tuple
 def main(argv: list[str]) -> int:
     data_dir, out = Path(argv[0]).resolve(), Path(argv[1]).resolve()
     sql = script(DataPaths(data_dir))
-    conn = duckdb.connect(str(out))
+    conn = duckdb.connect(str(out), config={"enable_progress_bar": False})
     try:
         conn.execute(sql)
     finally:

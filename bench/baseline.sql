@@ -67,8 +67,10 @@ select
         else 'anon:' || d.anonymous_id
     end) as customer_id
 from deduped as d
+-- The map only matters where userId is null (coalesce): keeping `d.user_id is null` out of the
+-- join condition keeps this a hash join (with it DuckDB plans a nested-loop join).
 left join identity_map as m
-    on d.account_id = m.account_id and d.anonymous_id = m.anonymous_id and d.user_id is null;
+    on d.account_id = m.account_id and d.anonymous_id = m.anonymous_id;
 
 create temp table traits as
 with keyed as (
