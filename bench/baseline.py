@@ -106,8 +106,9 @@ def compare(data_dir: Path, out: Path) -> dict[str, tuple[tuple[int, int], tuple
 def main(argv: list[str]) -> int:
     data_dir, out = Path(argv[0]).resolve(), Path(argv[1]).resolve()
     sql = script(DataPaths(data_dir))
-    conn = duckdb.connect(str(out), config={"enable_progress_bar": False})
+    conn = duckdb.connect(str(out))
     try:
+        conn.execute("set enable_progress_bar = false")
         conn.execute(sql)
     finally:
         conn.close()
