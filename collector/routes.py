@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -41,8 +42,15 @@ def decode_object(body: bytes) -> dict[str, Any]:
     return msg
 
 
-def parse_batch(body: bytes, max_item_bytes: int) -> list[tuple[str, dict[str, Any]]]:
-    """(kind, item) per batch item, batch context merged in (item keys win); all or nothing."""
+def parse_batch(
+    body: bytes,
+    max_item_bytes: int,
+    prepare: Callable[[str, dict[str, Any]], None] | None = None,
+) -> list[tuple[str, dict[str, Any]]]:
+    """(kind, item) per batch item, batch context merged in (item keys win); all or nothing.
+
+    prepare(kind, item), if given, adapts an item in place before it is validated.
+    """
     try:
         parsed = _decode_batch.decode(body)
     except msgspec.ValidationError as e:
@@ -62,6 +70,8 @@ def parse_batch(body: bytes, max_item_bytes: int) -> list[tuple[str, dict[str, A
             if ctx is not None and not isinstance(ctx, dict):
                 raise InvalidRequest(f'batch[{i}]: "context" must be an object')
             item["context"] = {**parsed.context, **(ctx or {})}
+        if prepare is not None:
+            prepare(kind, item)
         validate(kind, item, require_event=False, where=f"batch[{i}]: ")
         items.append((kind, item))
     return items

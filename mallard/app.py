@@ -85,10 +85,14 @@ def health(request: Request) -> dict[str, Any]:
 
 
 def create_app(settings: Settings | None = None) -> Litestar:
+    from api.preferences_routes import ROUTES as PREFERENCE_ROUTES
     from api.routes import ROUTES as API_ROUTES
     from api.service import Warehouse
+    from collector.clients import ROUTES as CLIENT_ROUTES
+    from collector.cors import BrowserCors
     from collector.routes import ROUTES as COLLECTOR_ROUTES
     from collector.service import Collector
+    from collector.tag import ROUTES as TAG_ROUTES
 
     settings = settings or get_settings()
     paths = DataPaths(settings.data_dir)
@@ -105,7 +109,14 @@ def create_app(settings: Settings | None = None) -> Litestar:
             app.state.warehouse.close()
 
     app = Litestar(
-        route_handlers=[health, *COLLECTOR_ROUTES, *API_ROUTES],
+        route_handlers=[
+            health,
+            *COLLECTOR_ROUTES,
+            *CLIENT_ROUTES,
+            *TAG_ROUTES,
+            *API_ROUTES,
+            *PREFERENCE_ROUTES,
+        ],
         lifespan=[lifespan],
         exception_handlers={Exception: _json_error},
         middleware=[RequestIdMiddleware],
@@ -113,6 +124,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
         openapi_config=OpenAPIConfig(title="Mallard", version="1", path="/schema"),
         debug=False,
     )
+    # Outermost, so CORS reaches the router's own 404/405 answers and every error.
+    app.asgi_handler = BrowserCors(app.asgi_handler)
     app.state.settings = settings
     app.state.paths = paths
     app.state.control = ControlStore(paths.control_db)

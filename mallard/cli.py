@@ -28,10 +28,9 @@ def _demo_file(paths: DataPaths) -> Path:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from orchestration.warehouse import ensure_warehouse
-
     from mallard.config import apply_tenants
     from mallard.warehouse import ensure_extensions
+    from orchestration.warehouse import ensure_warehouse
 
     paths = _paths(args)
     creds_file = _demo_file(paths)

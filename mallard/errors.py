@@ -78,6 +78,9 @@ class Unavailable(MallardError):
 
 def family_of(path: str, method: str = "POST") -> Family:
     """Which error body a path gets: ingestion writes answer like ingestion, reads like the API."""
+    if path.startswith("/cdp/marketing-preferences/"):
+        # Its reads and its writes are addressed like a resource, not ingested like calls.
+        return "read"
     if path.startswith("/cdp/events/") or path.startswith("/v1/"):
         return "ingest"
     if path.startswith("/track/") and method.upper() == "POST":

@@ -21,6 +21,11 @@ class DataPaths:
         return self.root / "secret.key"
 
     @property
+    def preferences_journal(self) -> Path:
+        """SQLite journal of preference changes accepted but not yet in the warehouse."""
+        return self.root / "preferences_journal.sqlite"
+
+    @property
     def wal_dir(self) -> Path:
         return self.root / "wal"
 
@@ -28,6 +33,11 @@ class DataPaths:
     def landing_dir(self) -> Path:
         """Immutable Parquet landing files: date=YYYY-MM-DD/<collector>-<seq>.parquet."""
         return self.root / "landing"
+
+    @property
+    def metrics_dir(self) -> Path:
+        """Client performance metrics the tag posts to /cdp/events/std/m, kept apart from events."""
+        return self.root / "metrics"
 
     @property
     def lake_dir(self) -> Path:

@@ -36,6 +36,8 @@ class Settings:
     # Names this collector's log directory and landing files; unique per collector process.
     collector_id: str = "c0"
     limits: Limits = field(default_factory=Limits)
+    # Query parameter of the hosted preferences page that carries the subscription id.
+    prefs_query_param: str = "s"
 
     def with_data_dir(self, data_dir: str | Path) -> Settings:
         return replace(self, data_dir=Path(data_dir).resolve())
@@ -58,4 +60,5 @@ def get_settings() -> Settings:
         fsync=_env("FSYNC", "1") not in ("0", "false", "no"),
         collector_id=_env("COLLECTOR_ID", "c0"),
         limits=limits,
+        prefs_query_param=_env("PREFS_QUERY_PARAM", "s"),
     )

@@ -1,7 +1,9 @@
 """The control store: clients, accounts, brands, scoped auth tokens and writeKeys (SQLite).
 
 Secrets are shown once at creation and stored only as SHA-256 hashes; a token is a random
-256-bit value, so a fast hash is enough (no password stretching needed).
+256-bit value, so a fast hash is enough (no password stretching needed). A writeKey is not a
+secret (it is in every web page's tag snippet, as with Segment): its value is kept too, so the
+preferences resource can return the brand's current key; lookups still go by hash.
 """
 
 from __future__ import annotations
@@ -159,6 +161,10 @@ class ControlStore:
         self._local = threading.local()
         with self._conn() as conn:
             conn.executescript(SCHEMA)
+            columns = {r[1] for r in conn.execute("pragma table_info(write_keys)")}
+            if "key_value" not in columns:
+                # Stores made before values were kept: their keys read as unknown (None).
+                conn.execute("alter table write_keys add column key_value text")
 
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
@@ -328,8 +334,9 @@ class ControlStore:
             raise TenancyError(f"unknown brand {client_id}/{account_id}/{brand_id}")
         key = f"wk_{secrets.token_urlsafe(24)}"
         self._write(
-            "insert into write_keys values (?, ?, ?, ?, ?, ?, null)",
-            (_hash(key), key[:11], client_id, account_id, brand_id, time.time()),
+            "insert into write_keys (key_hash, key_prefix, client_id, account_id, brand_id,"
+            " created_at, key_value) values (?, ?, ?, ?, ?, ?, ?)",
+            (_hash(key), key[:11], client_id, account_id, brand_id, time.time(), key),
         )
         return key
 
@@ -371,6 +378,20 @@ class ControlStore:
             (time.time(), _hash(key_or_prefix), key_or_prefix[:11]),
         )
         return cur.rowcount
+
+    def current_write_key(self, client_id: str, account_id: str, brand_id: str) -> str | None:
+        """The brand's newest live writeKey; None if none, or made before values were kept."""
+        row = (
+            self._conn()
+            .execute(
+                "select key_value from write_keys where client_id=? and account_id=?"
+                " and brand_id=? and revoked_at is null and key_value is not null"
+                " order by created_at desc limit 1",
+                (client_id, account_id, brand_id),
+            )
+            .fetchone()
+        )
+        return str(row[0]) if row else None
 
     def resolve_write_key(self, key: str | None) -> Source | None:
         if not key:

@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 from contextlib import redirect_stdout
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import dagster as dg
+
+from orchestration.dbt_results import DbtTally, read_tally
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,7 @@ def run_pipeline(data_dir: Path) -> list[StepResult]:
     except Exception as e:  # a broken dbt project fails here, before any run
         return [StepResult("definitions", False, f"{type(e).__name__}: {e}")]
     job = defs.resolve_job_def("pipeline")
+    started = datetime.now(UTC)
     log = data_paths().run_dir / "pipeline.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     # dbt's own progress lines go to a log file; the CLI prints one line per step.
@@ -40,7 +44,17 @@ def run_pipeline(data_dir: Path) -> list[StepResult]:
             # Quiet console: the CLI prints one line per step; the UI keeps the full log.
             run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
         )
-    return summarize(result)
+    return with_dbt_tally(summarize(result), read_tally(data_paths().dbt_target, started))
+
+
+def with_dbt_tally(steps: list[StepResult], dbt: DbtTally | None) -> list[StepResult]:
+    """The dbt build line from dbt's own record: unit tests counted, failed nodes named."""
+    if dbt is None:
+        return steps
+    others = [s for s in steps if s.name not in ("dbt_models", "dbt build")]
+    # A failure of the Dagster step itself after dbt succeeded still shows.
+    step_failure = [s for s in steps if s.name == "dbt_models" and dbt.ok]
+    return [*others, *step_failure, StepResult("dbt build", dbt.ok, dbt.summary)]
 
 
 def summarize(result: dg.ExecuteInProcessResult) -> list[StepResult]:

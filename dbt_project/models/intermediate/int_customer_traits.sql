@@ -1,8 +1,9 @@
--- One row per customer: the current traits object. Per top-level key the value with the latest
--- event time wins (ties: later receipt, then messageId), whatever order messages arrived in;
--- objects and arrays are replaced whole. `name` is filled from firstName/lastName when absent;
--- `campaign` comes from the context of the customer's first message (as a visitor or known)
--- when no identify sets it.
+-- One row per customer: the current traits object (INTERFACE.md 2.5). Per top-level key the value
+-- with the latest event time wins (ties: later receipt, then messageId), whatever order messages
+-- arrived in; objects and arrays are replaced whole. `name` is filled from firstName/lastName
+-- when absent or null. `campaign` is the context campaign of the customer's first message by
+-- event time (first recognition, as a visitor or known; a visitor's messages belong to the
+-- customer it became), unless an identify sets `campaign` itself.
 with history as (
     select * from {{ ref('int_trait_history') }}
 ),
@@ -20,51 +21,53 @@ latest as (
     group by customer_id, trait_key
 ),
 
-explicit as (
+name_parts as (
     select
         customer_id,
-        json_group_object(trait_key, trait_value) as traits
+        bool_or(trait_key = 'campaign') as has_campaign,
+        max(trait_value ->> '$') filter (where trait_key = 'name') as name,
+        max(trait_value ->> '$') filter (where trait_key = 'firstName') as first_name,
+        max(trait_value ->> '$') filter (where trait_key = 'lastName') as last_name
     from latest
     group by customer_id
 ),
 
-first_campaign as (
+-- arg_min_null: a first message without a campaign means no campaign, not a later one's.
+first_recognition as (
     select
         customer_id,
-        arg_min(context -> '$.campaign', (event_time, received_at, message_id)) as campaign
+        arg_min_null(context -> '$.campaign', (event_time, received_at, message_id)) as campaign
     from messages
     group by customer_id
 ),
 
 derived as (
     select
-        first_campaign.customer_id,
+        first_recognition.customer_id,
         'campaign' as trait_key,
-        first_campaign.campaign as trait_value
-    from first_campaign
-    left join explicit on first_campaign.customer_id = explicit.customer_id
+        first_recognition.campaign as trait_value
+    from first_recognition
+    left join name_parts on first_recognition.customer_id = name_parts.customer_id
     where
-        json_type(first_campaign.campaign) = 'OBJECT'
-        and (explicit.traits is null or not json_exists(explicit.traits, '$.campaign'))
+        json_type(first_recognition.campaign) = 'OBJECT'
+        and not coalesce(name_parts.has_campaign, false)
     union all
     select
         customer_id,
         'name' as trait_key,
-        to_json(concat_ws(' ', traits ->> '$.firstName', traits ->> '$.lastName')) as trait_value
-    from explicit
-    where
-        json_extract_string(traits, '$.name') is null
-        and coalesce(
-            json_extract_string(traits, '$.firstName'), json_extract_string(traits, '$.lastName')
-        ) is not null
+        to_json(concat_ws(' ', first_name, last_name)) as trait_value
+    from name_parts
+    where name is null and coalesce(first_name, last_name) is not null
 ),
 
 all_traits as (
     select
-        customer_id,
-        trait_key,
-        trait_value
+        latest.customer_id,
+        latest.trait_key,
+        latest.trait_value
     from latest
+    anti join derived
+        on latest.customer_id = derived.customer_id and latest.trait_key = derived.trait_key
     union all
     select
         customer_id,
@@ -73,20 +76,20 @@ all_traits as (
     from derived
 ),
 
-grouped as (
+objects as (
     select
         customer_id,
-        json_group_object(trait_key, trait_value) as traits
+        {{ json_object_agg('trait_key', 'trait_value') }} as traits
     from all_traits
     group by customer_id
 ),
 
 final as (
     select
-        first_campaign.customer_id,
-        coalesce(grouped.traits, '{}'::json) as traits
-    from first_campaign
-    left join grouped on first_campaign.customer_id = grouped.customer_id
+        first_recognition.customer_id,
+        coalesce(objects.traits, '{}'::json) as traits
+    from first_recognition
+    left join objects on first_recognition.customer_id = objects.customer_id
 )
 
 select * from final

@@ -18,11 +18,12 @@ resolved as (
             else 'anon:' || messages.anonymous_id
         end as customer_key
     from messages
+    -- Equality conditions only: an extra `messages.user_id is null` here turned the hash join
+    -- into a nested loop (229 s for 1M messages); coalesce already prefers the message's userId.
     left join identity_map
         on
             messages.account_id = identity_map.account_id
             and messages.anonymous_id = identity_map.anonymous_id
-            and messages.user_id is null
 ),
 
 final as (

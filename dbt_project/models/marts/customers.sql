@@ -77,7 +77,11 @@ assembled as (
                 'id', base.customer_id,
                 'externalId', base.user_id,
                 'marketingPreferences',
-                coalesce(traits.traits -> '$.marketingPreferences', '{"channels": []}'::json)
+                (
+                    select preferences.marketing_preferences
+                    from {{ ref('int_customer_preferences') }} as preferences
+                    where preferences.customer_id = base.customer_id
+                )
             )
         ) as traits_object,
         first_last.first_event,

@@ -88,6 +88,7 @@ def test_error_map(
         ("/cdp/events/std/t", "POST", "ingest"),
         ("/v1/batch", "POST", "ingest"),
         ("/cdp/marketing-preferences/x", "GET", "read"),
+        ("/cdp/marketing-preferences/x", "POST", "read"),
     ],
 )
 def test_family_of(path: str, method: str, family: str) -> None:

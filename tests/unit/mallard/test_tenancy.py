@@ -88,12 +88,14 @@ def test_changes_by_another_connection_apply_at_once(store: ControlStore) -> Non
 
 def test_secrets_are_stored_hashed(store: ControlStore, tmp_path: Path) -> None:
     _, secret = store.create_token(Scope.parse("client:acme"))
-    key = store.create_write_key("acme", "shop", "SHOP")
     raw = (tmp_path / "control.sqlite").read_bytes()
     wal = tmp_path / "control.sqlite-wal"
     raw += wal.read_bytes() if wal.exists() else b""
     assert secret.encode() not in raw
-    assert key.encode() not in raw
+    # A writeKey is a public identifier (in every page's tag snippet), kept so the preferences
+    # resource can return it; its lookups still go by hash.
+    key = store.create_write_key("acme", "shop", "SHOP")
+    assert store.current_write_key("acme", "shop", "SHOP") == key
 
 
 def test_token_for_unknown_tenant_is_refused(store: ControlStore) -> None:
@@ -147,3 +149,34 @@ def test_tenants_file_is_applied_additively(tmp_path: Path) -> None:
     f.write_text("[clients.acme.accounts.shop]\nbrands = 3\n")
     with pytest.raises(TenancyError):
         apply_tenants(store, f)
+
+
+def test_current_write_key_is_the_newest_live_key(store: ControlStore) -> None:
+    assert store.current_write_key("acme", "shop", "SHOP") is None
+    old = store.create_write_key("acme", "shop", "SHOP")
+    assert store.current_write_key("acme", "shop", "SHOP") == old
+    new = store.rotate_write_key("acme", "shop", "SHOP")
+    assert store.current_write_key("acme", "shop", "SHOP") == new
+    assert store.resolve_write_key(new) is not None
+    store.revoke_write_key(new)
+    assert store.current_write_key("acme", "shop", "SHOP") is None
+
+
+def test_stores_made_before_key_values_were_kept_still_open(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "old.sqlite"
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        "create table write_keys (key_hash text primary key, key_prefix text not null,"
+        " client_id text not null, account_id text not null, brand_id text not null,"
+        " created_at real not null, revoked_at real);"
+        "insert into write_keys values ('h', 'wk_old', 'acme', 'shop', 'SHOP', 1.0, null);"
+    )
+    conn.commit()
+    conn.close()
+    store = ControlStore(path)
+    assert store.current_write_key("acme", "shop", "SHOP") is None
+    store.add_account("acme", "shop")
+    key = store.create_write_key("acme", "shop", "SHOP")
+    assert store.current_write_key("acme", "shop", "SHOP") == key

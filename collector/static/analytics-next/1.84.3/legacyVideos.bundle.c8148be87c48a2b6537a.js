@@ -1,0 +1,2 @@
+"use strict";(self.webpackChunk_segment_analytics_next=self.webpackChunk_segment_analytics_next||[]).push([[694],{8162:function(n,e,t){t.d(e,{loadLegacyVideoPlugins:function(){return i}});var s=t(5478);function i(n){return(0,s.sH)(this,void 0,Promise,(function(){var e;return(0,s.YH)(this,(function(s){switch(s.label){case 0:return[4,t.e(407).then(t.t.bind(t,4407,23))];case 1:return e=s.sent(),n._plugins=e,[2]}}))}))}}}]);
+//# sourceMappingURL=legacyVideos.bundle.c8148be87c48a2b6537a.js.map

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Vendor Segment's analytics.js (@segment/analytics-next, MIT) into collector/static so the
+# collector serves the tag and every chunk it can load lazily: a page never contacts a public CDN.
+# Usage: scripts/vendor-analytics.sh [VERSION]   (default: the pinned version below)
+set -euo pipefail
+VERSION="${1:-1.84.3}"
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+DEST="$REPO/collector/static/analytics-next/$VERSION"
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+
+cd "$WORK"
+npm pack --silent "@segment/analytics-next@$VERSION" >/dev/null
+tar xzf "segment-analytics-next-$VERSION.tgz"
+rm -rf "$DEST"
+mkdir -p "$DEST"
+# The standalone build plus its webpack chunks (named <chunk>.bundle.<contenthash>.js); the
+# .gz and source-map copies are not needed to run the tag.
+cp package/dist/umd/standalone.js "$DEST/"
+cp package/dist/umd/*.bundle.*.js "$DEST/"
+rm -f "$DEST"/*.gz "$DEST"/*.map
+cp package/LICENSE.MD "$DEST/LICENSE.md"
+echo "$VERSION" > "$DEST/VERSION"
+echo "vendored @segment/analytics-next@$VERSION into ${DEST#"$REPO"/}:"
+ls "$DEST"

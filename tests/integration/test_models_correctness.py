@@ -1,0 +1,455 @@
+"""Marts over generated streams: slices equal a full rebuild; traits equal an oracle.
+
+Each of N_STREAMS seeded random streams lives in its own account, so all of them share one lake
+and one pipeline run per slice. A stream mixes what real traffic does to the rules: arrival
+order unlike event order, SDK retries (same messageId) landing later, events days late, client
+clocks off by hours (corrected through sentAt), server batches sharing one receipt time, visitors
+identified later (sometimes by a second userId too), nested object and array traits,
+firstName/lastName without name, context.campaign on some messages, and messageIds that repeat
+across accounts.
+
+The messages are stamped by the collector's own code and landed as the roller lands them; the
+pipeline is the real `mallard pipeline run` (Dagster load + dbt build, unit tests included).
+The oracle below implements INTERFACE.md 2.5 and DESIGN.md 5 directly from the client messages
+and their receipt times, independently of the SQL models.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import shutil
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from collector.messages import Tenant, stamp
+from collector.roller import records_to_tables
+from mallard.harness import init_data_dir, mallard
+from mallard.paths import DataPaths
+from mallard.warehouse import connect
+
+N_STREAMS = 24
+N_SLICES = 4
+SEED = 20240301
+CLIENT = "demo"
+# Track names and the action each must get (INTERFACE.md 2.8), plus the other message kinds.
+ACTIONS = {
+    "Logged In": "logged_in",
+    "email opened": "email_opened",
+    "OrderCompleted": "order_completed",
+    "Order Completed": "order_completed",
+    "Signed Up": "signed_up",
+}
+SERVED_EXTRA_TRAITS = ("id", "externalId", "marketingPreferences")  # added by the mart, not 2.5
+
+pytestmark = pytest.mark.integration
+
+
+# ---------------------------------------------------------------- generation
+
+
+@dataclass
+class Arrival:
+    """One message as a client sent it, and when the collector received it."""
+
+    kind: str
+    msg: dict[str, Any]
+    received: datetime
+    channel: str = "server"
+    stored: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def account(self) -> str:
+        return str(self.stored["accountId"])
+
+
+def _iso(t: datetime) -> str:
+    return t.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _ms(rng: random.Random, lo_s: float, hi_s: float) -> timedelta:
+    return timedelta(milliseconds=rng.randint(int(lo_s * 1000), int(hi_s * 1000)))
+
+
+def _traits(rng: random.Random, n: int) -> dict[str, Any]:
+    t: dict[str, Any] = {}
+    if rng.random() < 0.6:
+        t["plan"] = rng.choice(["free", "pro", "team", None])
+    if rng.random() < 0.4:
+        t["age"] = rng.randint(18, 90)
+    if rng.random() < 0.5:
+        keys = rng.sample(["city", "country", "postalCode", "street"], rng.randint(1, 3))
+        t["address"] = {k: f"{k}-{rng.randint(1, 5)}" for k in keys}
+    if rng.random() < 0.4:
+        t["tags"] = rng.sample(["a", "b", "c", "d"], rng.randint(0, 3))
+    if rng.random() < 0.5:
+        t["firstName"] = rng.choice(["Ann", "Bo", "Cy", "Di"])
+    if rng.random() < 0.5:
+        t["lastName"] = rng.choice(["Lee", "Moe", "Ng"])
+    if rng.random() < 0.15:
+        t["name"] = rng.choice(["Given Name", None])
+    if rng.random() < 0.4:
+        t["email"] = f"user{n}-{rng.randint(1, 3)}@example.com"
+    if rng.random() < 0.2:
+        t["favorite color"] = rng.choice(["red", "blue"])
+    if rng.random() < 0.1:
+        t["a.b"] = {"nested": [1, {"x": rng.randint(1, 3)}]}
+    if rng.random() < 0.05:
+        t["campaign"] = {"name": "set-by-identify"}
+    return t or {"plan": "free"}
+
+
+def _campaign(rng: random.Random, p: float) -> dict[str, Any]:
+    if rng.random() >= p:
+        return {}
+    return {
+        "campaign": {
+            "name": rng.choice(["spring", "summer", "retarget"]),
+            "source": rng.choice(["google", "newsletter"]),
+            "medium": "cpc",
+        }
+    }
+
+
+def generate_stream(index: int) -> list[Arrival]:
+    rng = random.Random(SEED + index)
+    t0 = datetime(2024, 3, 1, tzinfo=UTC) + timedelta(hours=index)
+    window_s = 7 * 24 * 3600
+    # (kind, message without times, true event time)
+    planned: list[tuple[str, dict[str, Any], datetime]] = []
+    identify_times: list[datetime] = []
+
+    def at() -> datetime:
+        if identify_times and rng.random() < 0.15:
+            return rng.choice(identify_times)  # an exact tie on event time
+        return t0 + _ms(rng, 0, window_s)
+
+    def event(who: dict[str, str], campaign_p: float) -> None:
+        kind = rng.choice(["track", "track", "page", "screen"])
+        msg: dict[str, Any] = dict(who)
+        if kind == "track":
+            msg["event"] = rng.choice(list(ACTIONS))
+            msg["properties"] = {"n": rng.randint(1, 9)}
+            if msg["event"] == "email opened":
+                msg["properties"]["sendType"] = "email"
+        elif kind == "page":
+            msg["event"] = "page"
+            msg["name"] = rng.choice(["Home", "Pricing"])
+        else:
+            msg["name"] = "Main"
+        msg["context"] = _campaign(rng, campaign_p)
+        planned.append((kind, msg, t0 + _ms(rng, 0, window_s)))
+
+    def identify(who: dict[str, str], n: int) -> None:
+        t = at()
+        identify_times.append(t)
+        msg = {**who, "event": "identify", "traits": _traits(rng, n), "context": {}}
+        msg["context"] = _campaign(rng, 0.2)
+        planned.append(("identify", msg, t))
+
+    users = [f"u{k}" for k in range(rng.randint(2, 4))]
+    for n, user in enumerate(users):
+        for _ in range(rng.randint(2, 5)):
+            identify({"userId": user}, n)
+        for _ in range(rng.randint(2, 6)):
+            event({"userId": user}, 0.3)
+    for k in range(rng.randint(3, 6)):
+        anon = f"anon-{k}"
+        for _ in range(rng.randint(1, 4)):
+            event({"anonymousId": anon}, 0.4)
+        if rng.random() < 0.2:
+            identify({"anonymousId": anon}, 100 + k)  # an anonymous identify carries traits too
+        if rng.random() < 0.65:
+            owner = rng.randrange(len(users))
+            identify({"userId": users[owner], "anonymousId": anon}, owner)
+            if rng.random() < 0.3:  # identified again by someone else: must not merge
+                other = (owner + 1) % len(users)
+                identify({"userId": users[other], "anonymousId": anon}, other)
+            if rng.random() < 0.5:
+                event({"userId": users[owner], "anonymousId": anon}, 0.2)
+
+    arrivals: list[Arrival] = []
+    for seq, (kind, msg, t) in enumerate(planned):
+        # messageIds repeat across accounts on purpose: dedup is per account.
+        msg = {**msg, "messageId": f"m{seq:04d}"}
+        late = rng.random() < 0.12
+        received = t + (_ms(rng, 86400, 3 * 86400) if late else _ms(rng, 0.05, 5))
+        mode = rng.random()
+        if mode < 0.1:
+            pass  # no timestamp: the event time is the receipt time
+        elif mode < 0.3:
+            skew = rng.choice([timedelta(hours=-3), timedelta(hours=2), timedelta(seconds=37)])
+            sent = received - _ms(rng, 0.001, 0.2)
+            msg["timestamp"] = _iso(t + skew)
+            msg["sentAt"] = _iso(sent + skew)
+        else:
+            msg["timestamp"] = _iso(t)
+        arrivals.append(Arrival(kind, msg, received, rng.choice(["server", "browser", "mobile"])))
+    # Server batches: several messages stamped with one receipt time.
+    for a in rng.sample(arrivals, len(arrivals) // 8):
+        a.received = rng.choice(arrivals).received
+    # SDK retries: the same body again, received later (sometimes in a later slice).
+    for a in rng.sample(arrivals, len(arrivals) // 8):
+        for _ in range(rng.randint(1, 2)):
+            arrivals.append(Arrival(a.kind, a.msg, a.received + _ms(rng, 1, 2 * 86400), a.channel))
+    tenant = Tenant(CLIENT, f"s{index:02d}", f"S{index:02d}")
+    for a in arrivals:
+        a.stored = stamp(
+            a.kind,
+            a.msg,
+            tenant,
+            channel=a.channel,
+            source="http",
+            received=a.received,
+            request_ip=None,
+        )
+    return arrivals
+
+
+def land(data_dir: Path, arrivals: list[Arrival], seq: int) -> None:
+    """Write these stored messages as the roller writes landing files."""
+    records = [json.dumps(a.stored).encode() for a in arrivals]
+    paths = DataPaths(data_dir)
+    for day, table in records_to_tables(records).items():
+        target = paths.landing_partition(day) / f"gen-{seq:016d}.parquet"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, target, compression="zstd")
+
+
+# ---------------------------------------------------------------- the oracle
+
+
+def _parse(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def event_time(a: Arrival) -> datetime:
+    """DESIGN.md 5: no timestamp means receipt; with sentAt, received - (sentAt - timestamp)."""
+    if "timestamp" not in a.msg:
+        return a.received
+    ts = _parse(a.msg["timestamp"])
+    if "sentAt" in a.msg:
+        return a.received - (_parse(a.msg["sentAt"]) - ts)
+    return ts
+
+
+def customer_key(account: str, key: str) -> str:
+    return hashlib.md5(f"{account}|{key}".encode()).hexdigest()
+
+
+@dataclass
+class Expected:
+    events: dict[str, tuple[str, str | None, str]]  # eventId -> (customer id, userId, action)
+    traits: dict[str, dict[str, Any]]  # customer id -> traits (2.5)
+    first_last: dict[str, tuple[dict[str, str], dict[str, str]]]  # per action: eventIds
+    duplicates: dict[tuple[str, str], int]  # (account, messageId) -> extra copies
+
+
+def oracle(arrivals: list[Arrival]) -> Expected:
+    def order(a: Arrival) -> tuple[datetime, datetime, str]:
+        return (event_time(a), a.received, a.msg["messageId"])
+
+    copies: dict[tuple[str, str], list[Arrival]] = defaultdict(list)
+    for a in arrivals:
+        copies[(a.account, a.msg["messageId"])].append(a)
+    kept = [min(c, key=lambda a: (a.received, a.stored["eventId"])) for c in copies.values()]
+    duplicates = {k: len(c) - 1 for k, c in copies.items() if len(c) > 1}
+
+    owner: dict[tuple[str, str], tuple[tuple[datetime, datetime, str], str]] = {}
+    for a in kept:
+        if "userId" in a.msg and "anonymousId" in a.msg:
+            k = (a.account, a.msg["anonymousId"])
+            if k not in owner or order(a) < owner[k][0]:
+                owner[k] = (order(a), a.msg["userId"])
+
+    by_customer: dict[str, list[Arrival]] = defaultdict(list)
+    user_of: dict[str, str | None] = {}
+    events: dict[str, tuple[str, str | None, str]] = {}
+    for a in kept:
+        user = a.msg.get("userId") or owner.get((a.account, a.msg["anonymousId"]), (None, None))[1]
+        cid = customer_key(a.account, f"user:{user}" if user else f"anon:{a.msg['anonymousId']}")
+        action = ACTIONS[a.msg["event"]] if a.kind == "track" else a.kind
+        events[a.stored["eventId"]] = (cid, user, action)
+        by_customer[cid].append(a)
+        user_of[cid] = user
+
+    traits: dict[str, dict[str, Any]] = {}
+    first_last: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
+    for cid, msgs in by_customer.items():
+        msgs.sort(key=order)
+        t: dict[str, Any] = {}
+        for a in msgs:  # in event order, so the latest value of every key ends up in t
+            if a.kind == "identify":
+                t.update(a.msg["traits"])
+        if t.get("name") is None and (t.get("firstName") or t.get("lastName")):
+            t["name"] = " ".join(p for p in (t.get("firstName"), t.get("lastName")) if p)
+        first_campaign = msgs[0].msg.get("context", {}).get("campaign")
+        if "campaign" not in t and isinstance(first_campaign, dict):
+            t["campaign"] = first_campaign
+        traits[cid] = t
+        first: dict[str, str] = {}
+        last: dict[str, str] = {}
+        for a in sorted(msgs, key=lambda a: (event_time(a), a.received, a.stored["eventId"])):
+            action = events[a.stored["eventId"]][2]
+            first.setdefault(action, a.stored["eventId"])
+            last[action] = a.stored["eventId"]
+        first_last[cid] = (first, last)
+    return Expected(events, traits, first_last, duplicates)
+
+
+# ---------------------------------------------------------------- the marts
+
+MARTS = {
+    "events": ("record",),
+    "customers": ("traits", "metadata"),
+    "customer_identifiers": (),
+    "duplicates": (),
+}
+
+
+def read_marts(data_dir: Path) -> dict[str, list[dict[str, Any]]]:
+    conn = connect(DataPaths(data_dir), read_only=True)
+    try:
+        out = {}
+        for table, json_cols in MARTS.items():
+            cur = conn.execute(f"select * from lake.marts.{table}")
+            cols = [d[0] for d in cur.description]
+            rows = [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+            for r in rows:
+                for c in json_cols:
+                    r[c] = json.loads(r[c])
+            out[table] = rows
+        return out
+    finally:
+        conn.close()
+
+
+def canonical(rows: list[dict[str, Any]]) -> list[str]:
+    return sorted(json.dumps(r, sort_keys=True, default=str) for r in rows)
+
+
+def pipeline(data_dir: Path) -> None:
+    out = mallard("pipeline", "run", data_dir=data_dir, timeout=900)
+    assert "FAIL" not in out.stdout, out.stdout
+
+
+@dataclass
+class Built:
+    arrivals: list[Arrival]
+    slices: list[list[Arrival]]
+    after_slice: list[dict[str, list[dict[str, Any]]]]  # marts after each slice's pass
+    full: dict[str, list[dict[str, Any]]]  # marts of one build over everything, fresh lake
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    arrivals = [a for i in range(N_STREAMS) for a in generate_stream(i)]
+    # Slices follow receipt order, as the collector lands them; late events land late.
+    arrivals.sort(key=lambda a: (a.received, a.stored["eventId"]))
+    size = -(-len(arrivals) // N_SLICES)
+    slices = [arrivals[i : i + size] for i in range(0, len(arrivals), size)]
+
+    inc = tmp_path_factory.mktemp("incremental")
+    init_data_dir(inc)
+    after = []
+    for seq, part in enumerate(slices):
+        land(inc, part, seq)
+        pipeline(inc)
+        after.append(read_marts(inc))
+
+    full = tmp_path_factory.mktemp("full")
+    init_data_dir(full)
+    shutil.copy(DataPaths(inc).secret_file, DataPaths(full).secret_file)  # same subscription ids
+    shutil.copytree(DataPaths(inc).landing_dir, DataPaths(full).landing_dir, dirs_exist_ok=True)
+    pipeline(full)
+    return Built(arrivals, slices, after, read_marts(full))
+
+
+# ---------------------------------------------------------------- tests
+
+
+def test_the_streams_exercise_every_rule(built: Built) -> None:
+    """Guards the generator: without these cases the comparisons below would prove little."""
+    last = built.slices[-1]
+    expected = oracle(built.arrivals)
+    assert len(built.arrivals) >= 1000
+    assert len({a.account for a in built.arrivals}) == N_STREAMS
+    assert sum(expected.duplicates.values()) >= 50
+    # Late events (received a day or more after their event time) in the last slice.
+    assert sum(a.received - event_time(a) > timedelta(days=1) for a in last) >= 20
+    assert sum("sentAt" in a.msg for a in built.arrivals) >= 100
+    # Visitors identified later, and visitors identified by a second userId.
+    pairs = {
+        (a.account, a.msg["anonymousId"], a.msg["userId"])
+        for a in built.arrivals
+        if "userId" in a.msg and "anonymousId" in a.msg
+    }
+    visitors = {(acc, anon) for acc, anon, _ in pairs}
+    assert len(visitors) >= 20 and len(pairs) - len(visitors) >= 5
+    anonymous = [c for c in expected.events.values() if c[1] is None]
+    assert anonymous, "some visitors never identify"
+    traits = list(expected.traits.values())
+    assert sum("campaign" in t for t in traits) >= 10
+    assert sum("name" in t and "firstName" in t for t in traits) >= 10
+    assert sum(isinstance(t.get("address"), dict) for t in traits) >= 10
+    # Ties on event time between identifies of one customer.
+    ties = defaultdict(int)
+    for a in built.arrivals:
+        if a.kind == "identify":
+            ties[(a.account, a.msg.get("userId"), event_time(a))] += 1
+    assert sum(n > 1 for n in ties.values()) >= 5
+    # Late events of the last slice become the firstEvent of customers built before it.
+    before = oracle([a for part in built.slices[:-1] for a in part])
+    late_ids = {a.stored["eventId"] for a in last if a.received - event_time(a) > timedelta(days=1)}
+    moved = [
+        cid
+        for cid, (first, _) in expected.first_last.items()
+        if cid in before.first_last and late_ids & set(first.values())
+    ]
+    assert len(moved) >= 5
+
+
+def test_building_after_each_slice_equals_one_full_rebuild(built: Built) -> None:
+    incremental = built.after_slice[-1]
+    for table in MARTS:
+        assert len(incremental[table]) == len(built.full[table]), table
+        assert canonical(incremental[table]) == canonical(built.full[table]), table
+
+
+@pytest.mark.parametrize("pass_index", range(N_SLICES))
+def test_every_pass_matches_the_oracle(built: Built, pass_index: int) -> None:
+    """After each pass the marts hold what the rules say of everything received so far:
+    late events of a later slice update traits, identity and firstEvent on the next run."""
+    seen = [a for part in built.slices[: pass_index + 1] for a in part]
+    expected = oracle(seen)
+    marts = built.after_slice[pass_index]
+
+    events = {
+        r["event_id"]: (r["customer_id"], r["user_id"], r["event_action"]) for r in marts["events"]
+    }
+    assert events == expected.events
+
+    customers = {r["customer_id"]: r for r in marts["customers"]}
+    assert set(customers) == set(expected.traits)
+    wrong = {}
+    for cid, want in expected.traits.items():
+        got = {k: v for k, v in customers[cid]["traits"].items() if k not in SERVED_EXTRA_TRAITS}
+        if got != want:
+            wrong[cid] = (got, want)
+    assert not wrong, f"{len(wrong)} customers' traits differ, e.g. {next(iter(wrong.items()))}"
+
+    for cid, (first, last) in expected.first_last.items():
+        meta = customers[cid]["metadata"]
+        assert {k: v["eventId"] for k, v in meta["firstEvent"].items()} == first, cid
+        assert {k: v["eventId"] for k, v in meta["lastEvent"].items()} == last, cid
+        assert customers[cid]["traits"]["id"] == cid
+
+    dups = {(r["account_id"], r["message_id"]): r["duplicate_count"] for r in marts["duplicates"]}
+    assert dups == expected.duplicates
