@@ -1,7 +1,9 @@
 -- The pipeline benchmark's baseline: the derivations of the dbt models written by hand as one
 -- DuckDB script over the landing Parquet, into a local DuckDB file. It produces the same two
 -- served tables (`events`, `customers`, same columns and values as lake.marts.*) and nothing
--- else: no raw copy, no intermediate tables, no tests, no catalog, no orchestration.
+-- else: no raw copy, no intermediate tables, no tests, no catalog, no orchestration. Marketing
+-- preferences are not derived (the generated traffic has none: every customer gets the default
+-- object), so the preference models are work Mallard does and this script does not.
 -- Placeholders: __LANDING_GLOB__, __LANDING_ROOT__, __IPAD__, __OPAD__ (HMAC pads, hex).
 
 create temp table identified as
@@ -47,9 +49,11 @@ select
     case
         when d.type <> 'track' then d.type
         else regexp_replace(
-            lower(regexp_replace(
-                regexp_replace(d.event, '([a-z0-9])([A-Z])', '\1_\2', 'g'),
-                '[^A-Za-z0-9]+', '_', 'g')),
+            regexp_replace(
+                lower(regexp_replace(
+                    regexp_replace(d.event, '(\p{Lu})(\p{Lu}\p{Ll})', '\1_\2', 'g'),
+                    '([\p{Ll}\p{N}])(\p{Lu})', '\1_\2', 'g')),
+                '[^\p{L}\p{N}]+', '_', 'g'),
             '^_+|_+$', '', 'g')
     end as event_action,
     case
@@ -92,31 +96,47 @@ latest as (
     group by all
 ),
 
-explicit as (
-    select customer_id, json_group_object(k, v) as t from latest group by all
+parts as (
+    select
+        customer_id,
+        bool_or(k = 'campaign') as has_campaign,
+        max(v ->> '$') filter (where k = 'name') as name,
+        max(v ->> '$') filter (where k = 'firstName') as first_name,
+        max(v ->> '$') filter (where k = 'lastName') as last_name
+    from latest
+    group by all
 ),
 
 first_campaign as (
+    -- the context campaign of the customer's first message (none if that one had none)
     select
         customer_id,
-        arg_min(context -> '$.campaign', (event_time, received_at, message_id)) as campaign
+        arg_min_null(context -> '$.campaign', (event_time, received_at, message_id)) as campaign
     from identified
     group by all
 ),
 
 derived as (
     select f.customer_id, 'campaign' as k, f.campaign as v
-    from first_campaign as f left join explicit as e on f.customer_id = e.customer_id
-    where json_type(f.campaign) = 'OBJECT' and (e.t is null or not json_exists(e.t, '$.campaign'))
+    from first_campaign as f left join parts as p on f.customer_id = p.customer_id
+    where json_type(f.campaign) = 'OBJECT' and not coalesce(p.has_campaign, false)
     union all
-    select customer_id, 'name', to_json(concat_ws(' ', t ->> '$.firstName', t ->> '$.lastName'))
-    from explicit
-    where t ->> '$.name' is null and coalesce(t ->> '$.firstName', t ->> '$.lastName') is not null
+    select customer_id, 'name', to_json(concat_ws(' ', first_name, last_name))
+    from parts
+    where name is null and coalesce(first_name, last_name) is not null
 ),
 
 grouped as (
-    select customer_id, json_group_object(k, v) as t
-    from (select * from latest union all select * from derived)
+    -- keys in sorted order, as the customers mart writes them
+    select
+        customer_id,
+        ('{' || string_agg(to_json(k)::varchar || ':' || v::varchar, ',' order by k) || '}')::json
+            as t
+    from (
+        select * from latest anti join derived using (customer_id, k)
+        union all
+        select * from derived
+    )
     group by all
 )
 
@@ -232,8 +252,9 @@ assembled as (
             json_object(
                 'id', b.customer_id,
                 'externalId', b.user_id,
+                -- the generated traffic sets no preferences: every customer has the defaults
                 'marketingPreferences',
-                coalesce(t.traits -> '$.marketingPreferences', '{"channels": []}'::json)
+                '{"channels":[],"categories":[],"unsubscribeAll":false}'::json
             )
         ) as traits_object,
         fl.first_event,
