@@ -62,10 +62,10 @@ format: install ## apply ruff formatting and fixes
 	$(VENV)/bin/ruff format .
 
 bench: install ## quick benchmarks (minutes); report in bench/results/
-	$(VENV)/bin/python -m bench --quick
+	$(VENV)/bin/python -m bench --quick $(BENCH_ARGS)
 
 bench-full: install ## full benchmarks (10M events)
-	$(VENV)/bin/python -m bench --full
+	$(VENV)/bin/python -m bench --full $(BENCH_ARGS)
 
 clean-data: ## delete ./data (asks first)
 	@read -p "Delete $(MALLARD_DATA_DIR)? [y/N] " a && [ "$$a" = y ] && rm -rf $(MALLARD_DATA_DIR)/* || true

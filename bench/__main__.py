@@ -16,10 +16,13 @@ import os
 import platform
 import sys
 import time
+import traceback
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
-SCENARIOS = ("ingest", "pipeline", "read_api")
+SCENARIOS = ("ingest", "pipeline", "read_api", "freshness")
+# Scenarios over the benchmark lake (bench/lake.py): they take its size; pipeline builds it.
+LAKE_SCENARIOS = ("pipeline", "read_api", "freshness")
 
 
 def machine() -> str:
@@ -35,10 +38,16 @@ def machine() -> str:
     return f"{os.cpu_count()} cores, {mem:.0f} GiB, {cpu}, {platform.system()} {platform.release()}"
 
 
-def report(results: dict[str, dict | None]) -> str:
+def report(
+    results: dict[str, dict | None], how: str = "", took: dict[str, float] | None = None
+) -> str:
+    took = took or {}
+    spent = ", ".join(f"{k} {v / 60:.1f} min" for k, v in took.items())
     lines = [
         f"# Mallard benchmarks\n\nMachine: {machine()}  \n"
-        f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n",
+        f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  \n"
+        + (f"Command: `{how}`  \n" if how else "")
+        + (f"Time taken: {sum(took.values()) / 60:.1f} min ({spent})\n" if took else ""),
         "| scenario | metric | value | goal | met |",
         "|---|---|---|---|---|",
     ]
@@ -58,7 +67,9 @@ def report(results: dict[str, dict | None]) -> str:
                 else val
             )
             unit, goal = row.get("unit", ""), row.get("goal", "")
-            lines.append(f"| {name} | {row['metric']} | {val} {unit} | {goal} | {met} |")
+            lines.append(
+                f"| {name} | {row['metric']} | {f'{val} {unit}'.strip()} | {goal} | {met} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -116,7 +127,14 @@ def main() -> int:
     size.add_argument("--quick", action="store_true", default=True)
     size.add_argument("--full", action="store_true")
     p.add_argument("--only", nargs="*", choices=SCENARIOS)
+    p.add_argument("--events", type=int, help="lake size override (default 1M; full 10M)")
+    p.add_argument("--customers", type=int, help="default: events / 10")
+    p.add_argument("--mode", choices=("loop", "sensor"), help="freshness: what runs the pipeline")
     args = p.parse_args()
+    lake_args = ["--full"] if args.full else []
+    lake_args += ["--events", str(args.events)] if args.events else []
+    lake_args += ["--customers", str(args.customers)] if args.customers else []
+    took: dict[str, float] = {}
     RESULTS.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict | None] = {}
     failed = 0
@@ -129,11 +147,21 @@ def main() -> int:
             results[name] = None
             failed += 1
             continue
-        rc = mod.main(["--full"] if args.full else [])
+        argv = lake_args if name in LAKE_SCENARIOS else (["--full"] if args.full else [])
+        if name == "freshness" and args.mode:
+            argv = [*argv, "--mode", args.mode]
         out = RESULTS / f"{name}.json"
+        out.unlink(missing_ok=True)
+        t0 = time.perf_counter()
+        try:
+            rc = mod.main(argv)
+        except Exception:  # one broken scenario must not lose the others' figures
+            traceback.print_exc()
+            rc = 1
+        took[name] = time.perf_counter() - t0
         results[name] = json.loads(out.read_text()) if rc == 0 and out.exists() else None
         failed += results[name] is None
-    text = report(results)
+    text = report(results, "python -m bench " + " ".join(sys.argv[1:]), took)
     text += "".join(f"\n![{png}]({png})\n" for png in plot(results))
     (RESULTS / "report.md").write_text(text)
     print("\n" + text)

@@ -1,23 +1,29 @@
 """Reproducible synthetic traffic: customers, anonymous visitors who later identify, an
 identify/track/page/screen mix with realistic properties, client retries (duplicates), late
-and clock-skewed events. Streams in chunks, so 10M events never sit in memory at once.
+and clock-skewed events. Streams in chunks, so 10M events never sit in memory at once (the only
+per-customer state is one byte per customer).
 
-`client_messages()` yields what an SDK would send; `landing_batches()` yields pyarrow tables in
-the landing-file schema (what the collector would have written), for pipeline benchmarks.
+`client_messages()` yields what an SDK would send; `stored_messages()` the same stamped by the
+collector's own `stamp()`, encoded as in its log; `landing_batches()` landing-schema tables built
+by the collector's roller (bench/lake.py writes landing files through the roller itself).
+`split(n)` cuts the model into n independent parts (disjoint customers, each over the whole time
+span), so n processes can generate 10M events in parallel, each like one collector.
 """
 
 from __future__ import annotations
 
 import random
+import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
 import pyarrow as pa
 
-from mallard.schemas import LANDING_SCHEMA, STORED_VERSION
+from collector.messages import Tenant, stamp
+from collector.roller import records_to_tables
 
 EVENTS = [
     "Product Viewed",
@@ -46,7 +52,23 @@ def _iso(t: datetime) -> str:
     return t.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
-@dataclass
+def event_id(received: datetime, node: int, n: int) -> str:
+    """A UUIDv7-shaped eventId, time-ordered by receipt like the collector's (mallard.ids),
+    but a function of the model (node) and the stream position: same seed, same ids."""
+    ms = int(received.timestamp() * 1000)
+    value = (
+        (ms & 0xFFFFFFFFFFFF) << 80
+        | 0x7 << 76
+        | ((n >> 32) & 0xFFF) << 64
+        | 0b10 << 62
+        | (node & 0x3FFFFFFF) << 32
+        | (n & 0xFFFFFFFF)
+    )
+    h = f"{value:032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+@dataclass(frozen=True)
 class Traffic:
     """A traffic model. Same seed and sizes, same stream."""
 
@@ -63,37 +85,55 @@ class Traffic:
     client_id: str = "bench"
     account_id: str = "bench"
     brand_id: str = "BENCH"
+    part: int = 0  # this model is part `part` of `parts` (see split)
+    parts: int = 1
+
+    def split(self, n: int) -> list[Traffic]:
+        """n parts whose union is the traffic: customer c belongs to part c % n; each part has
+        its share of the events over the whole span, and its own random stream."""
+        if self.parts != 1:
+            raise ValueError("split a whole traffic model, not a part")
+        return [
+            replace(self, part=k, parts=n, events=self.events // n + (k < self.events % n))
+            for k in range(n)
+        ]
 
     def client_messages(self) -> Iterator[dict[str, Any]]:
         """Messages in receipt order, each with a `_receivedAt` hint for landing generation."""
-        rng = random.Random(self.seed)
+        whole = self.parts == 1
+        rng = random.Random(self.seed if whole else f"{self.seed}/{self.part}/{self.parts}")
+        # Customers of this part: part, part + parts, part + 2 * parts, ... below `customers`.
+        mine = max(1, (self.customers - self.part + self.parts - 1) // self.parts)
         step = timedelta(days=self.span_days) / max(self.events, 1)
-        identified: set[int] = set()
+        identified = bytearray(mine)  # one byte per customer: 10M events, 1M customers, 1 MB
+        never_below = self.customers * self.never_identified_share
+        ids = f"{self.seed}" if whole else f"{self.seed}-{self.part}"
         sent = 0
         i = 0
         while sent < self.events:
             received = self.start + step * i
             i += 1
-            c = rng.randrange(self.customers)
+            local = rng.randrange(mine)
+            c = local * self.parts + self.part
             anon_id = f"anon-{self.seed}-{c}"
             user_id = f"user-{c}"
-            never = c < self.customers * self.never_identified_share
+            never = c < never_below
             browsing_anonymously = never or (
-                c not in identified and rng.random() < self.anonymous_share
+                not identified[local] and rng.random() < self.anonymous_share
             )
             kind = rng.choices(["identify", "track", "page", "screen"], [10, 60, 25, 5])[0]
             if never and kind == "identify":
                 kind = "page"
-            if not browsing_anonymously and c not in identified:
+            if not browsing_anonymously and not identified[local]:
                 kind = "identify"
-            msg: dict[str, Any] = {"type": kind, "messageId": f"m-{self.seed}-{i}"}
+            msg: dict[str, Any] = {"type": kind, "messageId": f"m-{ids}-{i}"}
             if browsing_anonymously:
                 msg["anonymousId"] = anon_id
             else:
                 msg["userId"] = user_id
                 if kind == "identify":
                     msg["anonymousId"] = anon_id
-                    identified.add(c)
+                    identified[local] = 1
             ctx: dict[str, Any] = {
                 "userAgent": "Mozilla/5.0 (X11; Linux x86_64) Bench/1.0",
                 "locale": "en-US",
@@ -152,52 +192,37 @@ class Traffic:
                 yield dup
                 sent += 1
 
-    def landing_batches(self, rows_per_batch: int = 100_000) -> Iterator[pa.Table]:
-        """The stream as landing-file tables (server fields stamped as the collector would)."""
-        cols: dict[str, list[Any]] = {f.name: [] for f in LANDING_SCHEMA}
-        for n, msg in enumerate(self.client_messages(), start=1):
+    def stored_messages(self) -> Iterator[bytes]:
+        """The stream as the collector stores it: its own `stamp()` (server channel, http
+        source), encoded as in its log; the eventId is made from the stream position."""
+        tenant = Tenant(self.client_id, self.account_id, self.brand_id)
+        node = zlib.crc32(f"{self.seed}/{self.part}/{self.parts}".encode())
+        for n, msg in enumerate(self.client_messages()):
             received: datetime = msg.pop("_receivedAt")
-            ts = datetime.fromisoformat(msg["timestamp"].replace("Z", "+00:00"))
-            if "sentAt" in msg:
-                sent_at = datetime.fromisoformat(msg["sentAt"].replace("Z", "+00:00"))
-                ts = received - (sent_at - ts)
-            else:
-                sent_at = None
-            ms = int(received.timestamp() * 1000)
-            event_id = f"{ms:012x}-bench-{self.seed}-{n:010d}"
-            stored = {
-                **msg,
-                "eventId": event_id,
-                "clientId": self.client_id,
-                "accountId": self.account_id,
-                "brandId": self.brand_id,
-                "receivedAt": _iso(received),
-                "timestamp": _iso(ts),
-                "channel": "server",
-                "version": STORED_VERSION,
-            }
-            if sent_at is not None:
-                stored["sentAt"] = _iso(sent_at)
-            for k, v in (
-                ("event_id", event_id),
-                ("message_id", msg["messageId"]),
-                ("client_id", self.client_id),
-                ("account_id", self.account_id),
-                ("brand_id", self.brand_id),
-                ("type", msg["type"]),
-                ("event", msg.get("event")),
-                ("user_id", msg.get("userId")),
-                ("anonymous_id", msg.get("anonymousId")),
-                ("timestamp", ts),
-                ("received_at", received),
-                ("sent_at", sent_at),
-                ("channel", "server"),
-                ("source", "http"),
-                ("message", _enc.encode(stored).decode()),
-            ):
-                cols[k].append(v)
-            if len(cols["event_id"]) >= rows_per_batch:
-                yield pa.table(cols, schema=LANDING_SCHEMA)
-                cols = {f.name: [] for f in LANDING_SCHEMA}
-        if cols["event_id"]:
-            yield pa.table(cols, schema=LANDING_SCHEMA)
+            stored = stamp(
+                msg["type"],
+                msg,
+                tenant,
+                channel="server",
+                source="http",
+                received=received,
+                request_ip=None,
+            )
+            stored["eventId"] = event_id(received, node, n)
+            yield _enc.encode(stored)
+
+    def landing_batches(self, rows_per_batch: int = 100_000) -> Iterator[pa.Table]:
+        """The stream as landing-schema tables of rows_per_batch rows, built by the collector's
+        roller (`records_to_tables`) from the stored messages."""
+        chunk: list[bytes] = []
+        for raw in self.stored_messages():
+            chunk.append(raw)
+            if len(chunk) >= rows_per_batch:
+                yield _concat(records_to_tables(chunk))
+                chunk = []
+        if chunk:
+            yield _concat(records_to_tables(chunk))
+
+
+def _concat(by_day: dict[str, pa.Table]) -> pa.Table:
+    return pa.concat_tables(by_day[d] for d in sorted(by_day))

@@ -131,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
             r_batch.rate * 100 >= 100_000,
         ),
         row("ack p50 at half load", round(half_lat["p50"], 2), "ms"),
-        row("ack p99 at half load", round(half_lat["p99"], 2), "ms", "<= 20", half_lat["p99"] <= 20),
+        row(
+            "ack p99 at half load", round(half_lat["p99"], 2), "ms", "<= 20", half_lat["p99"] <= 20
+        ),
         row("ack p99 at full load (32 conns)", round(single_lat["p99"], 2), "ms"),
         row("non-200 answers", errors, "count", "0", errors == 0),
     ]

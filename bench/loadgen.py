@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 
-def build_request(host: str, port: int, path: str, body: bytes, headers: dict[str, str]) -> bytes:
-    head = [f"POST {path} HTTP/1.1", f"host: {host}:{port}", f"content-length: {len(body)}"]
+def build_request(
+    host: str, port: int, path: str, body: bytes, headers: dict[str, str], method: str = "POST"
+) -> bytes:
+    head = [f"{method} {path} HTTP/1.1", f"host: {host}:{port}", f"content-length: {len(body)}"]
     head += [f"{k}: {v}" for k, v in headers.items()]
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
@@ -94,6 +96,51 @@ async def closed_loop(
     for c in conns:
         c.close()
     return res
+
+
+async def labeled_closed_loop(
+    host: str,
+    port: int,
+    requests: Sequence[tuple[str, bytes]],
+    connections: int,
+    seconds: float,
+    limit: int | None = None,
+    until: Callable[[], bool] | None = None,
+) -> dict[str, Result]:
+    """A closed loop over labeled requests (taken in turn), with a Result per label. Stops after
+    `seconds`, after `limit` requests in all, or as soon as `until()` is true."""
+    results = {label: Result() for label, _ in requests}
+    conns = [await Conn.open(host, port) for _ in range(connections)]
+    pool = itertools.cycle(requests)
+    end = time.perf_counter() + seconds
+    sent = 0
+
+    def more() -> bool:
+        return (
+            time.perf_counter() < end
+            and (limit is None or sent < limit)
+            and (until is None or not until())
+        )
+
+    async def run(conn: Conn) -> None:
+        nonlocal sent
+        while more():
+            label, request = next(pool)
+            sent += 1
+            t0 = time.perf_counter()
+            status = await conn.send(request)
+            res = results[label]
+            res.count(status)
+            res.latencies_ms.append((time.perf_counter() - t0) * 1000)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(run(c) for c in conns))
+    elapsed = time.perf_counter() - start
+    for res in results.values():
+        res.seconds = elapsed
+    for c in conns:
+        c.close()
+    return results
 
 
 async def open_loop(

@@ -32,7 +32,7 @@ def summarize(values: Sequence[float]) -> dict[str, float]:
 
 
 def row(
-    metric: str, value: float | int, unit: str, goal: str = "", ok: bool | None = None
+    metric: str, value: float | int | str, unit: str, goal: str = "", ok: bool | None = None
 ) -> dict[str, object]:
     """One line of a scenario's result table (see bench/__main__.py)."""
     return {"metric": metric, "value": value, "unit": unit, "goal": goal, "ok": ok}

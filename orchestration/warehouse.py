@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import secrets
+import sqlite3
 
 from mallard.paths import DataPaths
 from mallard.warehouse import connect
@@ -51,6 +53,19 @@ def ensure_secret(paths: DataPaths) -> str:
     return paths.secret_file.read_text().strip()
 
 
+def ensure_wal_catalog(paths: DataPaths) -> None:
+    """Put the SQLite catalog in WAL mode (persistent in the file). In the default rollback
+    journal mode the API's reads hold shared locks that make the pipeline's commit fail with
+    "database is locked" (measured: every rebuild under 2 reading clients failed)."""
+    # Switching needs a moment without readers; if busy now, the next load switches it.
+    with (
+        contextlib.suppress(sqlite3.OperationalError),
+        contextlib.closing(sqlite3.connect(paths.lake_catalog, timeout=10)) as db,
+    ):
+        if db.execute("pragma journal_mode").fetchone()[0] != "wal":
+            db.execute("pragma journal_mode=wal")
+
+
 def ensure_warehouse(paths: DataPaths) -> None:
     """Create the lake's schemas and raw tables if missing (idempotent)."""
     ensure_secret(paths)
@@ -65,3 +80,4 @@ def ensure_warehouse(paths: DataPaths) -> None:
         )
     finally:
         conn.close()
+    ensure_wal_catalog(paths)

@@ -1,0 +1,242 @@
+"""Freshness: the time from an accepted message (the POST's 200) to its visibility in the read
+API, on the pipeline's lake, with the pipeline kept running as a deployment runs it.
+
+    python -m bench.freshness [--full] [--events N] [--customers N] [--mode loop|sensor]
+
+`loop` runs `mallard pipeline run` back to back; `sensor` runs the Dagster daemon as `make run`
+does (the landing-files sensor starts the pipeline job). A probe identify with a new userId is
+sent every few seconds through the real collector (write-ahead log, roll to landing files); each
+pending probe's traits are polled until they answer 200. Bounded: probes for a fixed time, then
+a bounded wait for the last ones (those still unseen are reported).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from bench.lake import Lake, ensure_lake, sizes
+from bench.stats import row, summarize
+from mallard.harness import REPO, Server, free_port
+
+RESULTS = Path(__file__).parent / "results"
+GOAL_P95_S = 60.0
+POLL_S = 0.25  # visibility is measured to this resolution
+SERVER_ENV = {"MALLARD_RATE_PER_SECOND": "1000000000", "MALLARD_RATE_BURST": "1000000000"}
+
+
+@dataclass
+class Probe:
+    user_id: str
+    acked: float  # monotonic time of the 200
+    seen: float | None = None
+
+    @property
+    def delay(self) -> float | None:
+        return None if self.seen is None else self.seen - self.acked
+
+
+@dataclass
+class PipelineLoop:
+    """`mallard pipeline run` back to back in a thread, until stopped."""
+
+    lake: Lake
+    runs: list[tuple[float, int]] = field(default_factory=list)  # (seconds, exit code)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        env = {**os.environ, "MALLARD_DATA_DIR": str(self.lake.data_dir), "DO_NOT_TRACK": "1"}
+        with open(self.lake.data_dir / "bench-freshness-pipeline.log", "ab") as log:
+            while not self._stop.is_set():
+                t0 = time.perf_counter()
+                rc = subprocess.run(
+                    [sys.executable, "-m", "mallard.cli", "pipeline", "run"],
+                    cwd=REPO,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    timeout=7200,
+                ).returncode
+                self.runs.append((time.perf_counter() - t0, rc))
+
+    def stop(self) -> None:
+        """Let the current run finish (a killed run would only be redone), then stop."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+@dataclass
+class SensorDaemon:
+    """The Dagster daemon with the landing-files sensor, started as `mallard up` starts it."""
+
+    lake: Lake
+    proc: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+
+    @property
+    def runs(self) -> list[tuple[float, int]]:
+        import dagster as dg
+
+        with dg.DagsterInstance.from_config(str(self.lake.paths.dagster_home)) as instance:
+            out = []
+            for r in instance.get_run_records():
+                if r.start_time and r.end_time and r.start_time >= self.started:
+                    ok = r.dagster_run.status == dg.DagsterRunStatus.SUCCESS
+                    out.append((r.end_time - r.start_time, 0 if ok else 1))
+            return out
+
+    def start(self) -> None:
+        self.started = time.time()
+        env = {
+            **os.environ,
+            "MALLARD_DATA_DIR": str(self.lake.data_dir),
+            "DAGSTER_HOME": str(self.lake.paths.dagster_home),
+            "DO_NOT_TRACK": "1",
+            "DAGSTER_DISABLE_TELEMETRY": "1",
+        }
+        daemon = Path(sys.executable).parent / "dagster-daemon"
+        with open(self.lake.data_dir / "bench-freshness-daemon.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                [str(daemon), "run", "-m", "orchestration.definitions"],
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its code server and runs are in its process group
+            )
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def probe_loop(
+    server: Server, seconds: float, interval: float, settle: float, tag: str
+) -> list[Probe]:
+    """Send a probe every `interval` s for `seconds`, poll until all are visible or `settle`
+    seconds after the last probe."""
+    probes: list[Probe] = []
+    pending: list[Probe] = []
+    headers = server.headers
+    with httpx.Client(base_url=server.base, headers=headers, timeout=30) as client:
+        t_start = time.monotonic()
+        next_send = t_start
+        n = 0
+        while True:
+            now = time.monotonic()
+            sending = now - t_start < seconds
+            if sending and now >= next_send:
+                n += 1
+                user_id = f"fresh-{tag}-{n}"
+                r = client.post(
+                    "/identify",
+                    json={"userId": user_id, "event": "identify", "traits": {"probe": n}},
+                )
+                if r.status_code == 200:
+                    p = Probe(user_id, time.monotonic())
+                    probes.append(p)
+                    pending.append(p)
+                next_send += interval
+            # Probes become visible in the order they were accepted (the log rolls in order and
+            # a pipeline run loads every file present): poll the oldest until one is missing.
+            while pending:
+                if client.get(f"/profiles/userId:{pending[0].user_id}/traits").status_code != 200:
+                    break
+                pending.pop(0).seen = time.monotonic()
+            if not sending and (not pending or now - t_start > seconds + settle):
+                return probes
+            time.sleep(POLL_S)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.freshness")
+    p.add_argument("--full", action="store_true")
+    p.add_argument("--events", type=int)
+    p.add_argument("--customers", type=int)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--mode", choices=("loop", "sensor"), default="loop")
+    p.add_argument("--seconds", type=float, help="how long probes are sent")
+    args = p.parse_args(argv)
+    events, customers = sizes(args.full, args.events, args.customers)
+    seconds = args.seconds or (300.0 if args.full else 90.0)
+    interval = 5.0 if args.full else 3.0
+    settle = 1800.0 if args.full else 600.0  # bounded wait for the last probes
+
+    lake = ensure_lake(events, customers, args.seed)
+    server = Server(lake.data_dir, free_port(), lake.creds, env=SERVER_ENV)
+    server.start()
+    runner: PipelineLoop | SensorDaemon = (
+        PipelineLoop(lake) if args.mode == "loop" else SensorDaemon(lake)
+    )
+    runs: list[tuple[float, int]] = []
+    try:
+        runner.start()
+        probes = probe_loop(server, seconds, interval, settle, tag=str(int(time.time())))
+        runs = list(runner.runs)  # finished runs only: stopping the daemon interrupts its runs
+    finally:
+        runner.stop()
+        server.stop()
+    seen = [d for d in (pr.delay for pr in probes) if d is not None]
+    unseen = len(probes) - len(seen)
+    lat = summarize(seen) if seen else {"p50": 0.0, "p95": 0.0, "max": 0.0}
+    failed_runs = sum(1 for _, rc in runs if rc != 0)
+    cycle = summarize([s for s, _ in runs]) if runs else {"p50": 0.0}
+    print(
+        f"{len(probes)} probes, {unseen} not visible in time; accepted -> visible "
+        f"p50 {lat['p50']:.1f} s  p95 {lat['p95']:.1f} s  max {lat['max']:.1f} s; "
+        f"{len(runs)} pipeline runs ({failed_runs} failed), median {cycle['p50']:.1f} s",
+        flush=True,
+    )
+    ok95 = bool(seen) and unseen == 0 and lat["p95"] <= GOAL_P95_S
+    rows = [
+        row("lake size: events", lake.events + lake.extra_events, "events"),
+        row("pipeline driven by", args.mode, ""),
+        row("probes accepted", len(probes), "count"),
+        row("accepted -> visible p50", round(lat["p50"], 1), "s"),
+        row("accepted -> visible p95", round(lat["p95"], 1), "s", f"<= {GOAL_P95_S:g}", ok95),
+        row("accepted -> visible max", round(lat["max"], 1), "s"),
+        row("probes never visible (bounded wait)", unseen, "count", "0", unseen == 0),
+        row("pipeline run, median", round(cycle["p50"], 1), "s"),
+        row("failed pipeline runs", failed_runs, "count", "0", failed_runs == 0),
+    ]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "freshness.json").write_text(
+        json.dumps(
+            {
+                "scenario": "freshness",
+                "rows": rows,
+                # seconds, shown as ms on the shared latency CDF axis
+                "latency_samples_ms": {"accepted -> visible": [round(s * 1000) for s in seen]},
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
