@@ -1,0 +1,45 @@
+"""The landing-files sensor: asks for a run when files land, and not while one is in progress."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from dagster._core.storage.dagster_run import DagsterRun
+
+from mallard.paths import DataPaths
+from orchestration.defs.ingest import new_files_sensor
+from tests.unit.orchestration.test_load import write_landing
+
+
+def _evaluate(instance: dg.DagsterInstance, cursor: str | None = None) -> dg.SensorResult:
+    sensor = new_files_sensor("pipeline")
+    ctx = dg.build_sensor_context(instance=instance, cursor=cursor)
+    result = sensor.evaluate_tick(ctx)
+    return result
+
+
+def test_new_files_request_one_run_and_an_active_run_holds_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MALLARD_DATA_DIR", str(tmp_path))
+    paths = DataPaths(tmp_path)
+    with dg.DagsterInstance.ephemeral() as instance:
+        assert not _evaluate(instance).run_requests  # nothing landed yet
+
+        write_landing(paths, events=50, seed=1, files=1)
+        first = _evaluate(instance)
+        assert len(first.run_requests) == 1
+        cursor = first.cursor
+        assert not _evaluate(instance, cursor).run_requests  # the same files: nothing new
+
+        write_landing(paths, events=50, seed=2, files=1)
+        instance.add_run(
+            DagsterRun(job_name="pipeline", run_id="r-active", status=dg.DagsterRunStatus.STARTED)
+        )
+        held = _evaluate(instance, cursor)
+        assert not held.run_requests and "r-active" in (held.skip_message or "")
+
+        instance.delete_run("r-active")  # the run is over
+        assert len(_evaluate(instance, cursor).run_requests) == 1
