@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import threading
-
-import httpx
-
-from tests.conftest import REPO, Server, wait_landed
+from tests.conftest import Server, wait_landed
 
 
 def _send_demo(server: Server) -> list[str]:
@@ -82,52 +76,5 @@ def test_pipeline_twice_loads_each_landing_file_once(server: Server) -> None:
     assert files is not None and files[0] == files[1] and files[0] >= 1
 
 
-def test_reads_keep_answering_while_the_pipeline_builds(server: Server) -> None:
-    ids = _send_demo(server)
-    wait_landed(server.data_dir, ids)
-    server.pipeline()
-
-    more = _send_demo(server)
-    wait_landed(server.data_dir, more)
-    statuses: list[int] = []
-    counts: list[int] = []
-    errors: list[str] = []
-    stop = threading.Event()
-
-    def reader() -> None:
-        with httpx.Client(headers=server.headers, timeout=30) as client:
-            while not stop.is_set():
-                r = client.get(f"{server.base}/events/", params={"size": 100})
-                statuses.append(r.status_code)
-                if r.status_code == 200:
-                    counts.append(len(r.json()["data"]))
-                else:
-                    errors.append(r.text)
-
-    t = threading.Thread(target=reader)
-    t.start()
-    try:
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "mallard.cli",
-                "pipeline",
-                "run",
-                "--data-dir",
-                str(server.data_dir),
-            ],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-    finally:
-        stop.set()
-        t.join()
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert len(statuses) > 5
-    assert errors == []
-    # Each answer reflects one committed build: the old 3 events or the new 6, never a mix.
-    assert set(counts) <= {3, 6}
-    assert len(server.get("events/").json()["data"]) == 6
+# Reads during a rebuild: tests/integration/test_read_api.py
+# (test_scrolls_survive_and_reads_switch_atomically_during_a_rebuild).

@@ -14,23 +14,15 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
 from mallard.harness import wait_http
+from tests.browser import chromium
 from tests.conftest import REPO, free_port
 from tests.integration.prefs_support import PrefsEnv, start_prefs_env
 
 pytestmark = pytest.mark.integration
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 QUERY = "sub"  # a self-chosen query name (MALLARD_PREFS_QUERY_PARAM); the default is `s`
 SCREENSHOT = REPO / "docs" / "preferences-page.png"
 
@@ -49,12 +41,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefsEnv]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    # Fail, never skip: `make test-deps` installs it, and a skipped browser test proves nothing.
-    assert CHROMIUM.exists(), f"{CHROMIUM} is missing: run `make test-deps` (apt chromium)"
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+    with chromium() as b:
         yield b
-        b.close()
 
 
 def _watch_requests(page: Page, server_url: str) -> list[str]:

@@ -7,8 +7,6 @@ oracle of what was sent. The last tests change the warehouse (a second run), so 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +20,7 @@ import pytest
 
 from mallard.paths import DataPaths
 from mallard.warehouse import connect
-from tests.conftest import REPO, Server, free_port, init_data_dir, mallard, wait_landed
+from tests.conftest import Server, free_port, init_data_dir, mallard, wait_landed
 
 CLIENT, ACCOUNT, BRAND, OTHER_BRAND = "acme", "shop", "SHOP", "OUTLET"
 DAY0 = datetime(2026, 3, 1, tzinfo=UTC)
@@ -781,21 +779,7 @@ def test_scrolls_survive_and_reads_switch_atomically_during_a_rebuild(
     th = threading.Thread(target=reader)
     th.start()
     try:
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "mallard.cli",
-                "pipeline",
-                "run",
-                "--data-dir",
-                str(srv.data_dir),
-            ],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+        proc = mallard("pipeline", "run", data_dir=srv.data_dir, check=False)
         n = len(plans)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and len(plans) < n + 3:

@@ -10,24 +10,15 @@ import re
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 import httpx
 import pytest
 
+from tests.browser import chromium
 from tests.conftest import REPO, Server, free_port, init_data_dir
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 QS = (
     "?ajs_uid=qs-user-2&ajs_trait_email=q2%40example.com&ajs_trait_plan=basic"
@@ -116,10 +107,6 @@ def wait_until(page: Any, condition: Callable[[], bool], what: str, timeout_s: f
 @pytest.fixture(scope="module")
 def browser_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """Drive the tag through every scenario once, then run the pipeline once."""
-    if not CHROMIUM.exists():
-        pytest.fail(f"{CHROMIUM} is missing: `make test-deps` installs Debian chromium")
-    from playwright.sync_api import sync_playwright
-
     d = tmp_path_factory.mktemp("tag") / "data"
     creds = init_data_dir(d)
     server = Server(d, free_port(), creds, env={"MALLARD_ROLL_INTERVAL_S": "0.3"})
@@ -132,13 +119,9 @@ def browser_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
     site = PageServer(html)
     traffic = Traffic()
     try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-            try:
-                run_visitor(browser, site.url, traffic)
-                run_querystring(browser, site.url, traffic)
-            finally:
-                browser.close()
+        with chromium() as browser:
+            run_visitor(browser, site.url, traffic)
+            run_querystring(browser, site.url, traffic)
         server.pipeline()
         yield {"server": server, "traffic": traffic, "site": site.url}
     finally:
