@@ -256,12 +256,24 @@ assembled as (
                 'marketingPreferences',
                 '{"channels":[],"categories":[],"unsubscribeAll":false}'::json
             )
-        ) as traits_object,
+        ) as patched_traits,
         fl.first_event,
         fl.last_event
     from base as b
     inner join traits as t on b.customer_id = t.customer_id
     inner join first_last as fl on b.customer_id = fl.customer_id
+),
+
+with_external_id as (
+    -- anonymous customers show "externalId": null, which a merge patch would drop
+    select
+        *,
+        case
+            when user_id is null
+                then ('{"externalId":null,' || substr(patched_traits::varchar, 2))::json
+            else patched_traits
+        end as traits_object
+    from assembled
 )
 
 select
@@ -290,5 +302,5 @@ select
     ) as metadata,
     created_time,
     last_activity_time
-from assembled
+from with_external_id
 order by account_id, user_id, customer_id;
