@@ -26,10 +26,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-import msgspec
-
 from api.service import Snapshot, Warehouse
 from collector.messages import Tenant, stamp, validate
+from collector.routes import decode_object
 from mallard.errors import InvalidRequest, NotFound
 from mallard.preferences import CHANNELS, Choices
 from mallard.tenancy import ControlStore
@@ -42,8 +41,6 @@ UPDATE_FIELDS = ("categories", "channels", "unsubscribeAll", "unsubscribeReason"
 MAX_REASON_CHARS = 2000
 MAX_ASSET_ID_CHARS = 200
 UNSUBSCRIBE_ALL = ("unsubscribe_all", "")
-
-_decode = msgspec.json.Decoder()
 
 
 def parse_time(text: str) -> datetime:
@@ -152,12 +149,7 @@ def _items(body: dict[str, Any], field: str, key: str, allowed: list[str]) -> di
 
 def parse_update(raw: bytes, choices: Choices) -> Update:
     """The update body of INTERFACE.md 2.6, checked against the brand's choices."""
-    try:
-        body = _decode.decode(raw)
-    except msgspec.DecodeError as e:
-        raise InvalidRequest(f"body is not valid JSON: {e}") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("body must be a JSON object")
+    body = decode_object(raw)
     unknown = sorted(set(body) - set(UPDATE_FIELDS))
     if unknown:
         raise InvalidRequest(f'unknown field "{unknown[0]}"; use {", ".join(UPDATE_FIELDS)}')
