@@ -207,38 +207,44 @@ with base as (
     group by all
 ),
 
-first_last_by_action as (
+first_last_ids as (
+    -- winners on narrow columns first; objects for every message ran out of memory at 10M
     select
         customer_id,
         event_action,
-        arg_min(o, (event_time, received_at, event_id)) as first_event,
-        arg_max(o, (event_time, received_at, event_id)) as last_event
-    from (
-        select
-            customer_id, event_action, event_time, received_at, event_id,
-            json_object(
-                'eventId', event_id,
-                'receivedTime', strftime(received_at at time zone 'UTC', '%Y-%m-%dT%H:%M:%S.%gZ'),
-                'context', context,
-                'sendType', properties ->> '$.sendType',
-                'eventTime', strftime(event_time at time zone 'UTC', '%Y-%m-%dT%H:%M:%S.%gZ'),
-                'action', type,
-                'event', event_name,
-                'userId', customer_user_id,
-                'properties', properties,
-                'timestamp', strftime(event_time at time zone 'UTC', '%Y-%m-%dT%H:%M:%S.%gZ')
-            ) as o
-        from identified
-    )
+        arg_min(event_id, (event_time, received_at, event_id)) as first_id,
+        arg_max(event_id, (event_time, received_at, event_id)) as last_id
+    from identified
     group by all
+),
+
+objects as (
+    select
+        event_id,
+        json_object(
+            'eventId', event_id,
+            'receivedTime', strftime(received_at at time zone 'UTC', '%Y-%m-%dT%H:%M:%S.%gZ'),
+            'context', context,
+            'sendType', properties ->> '$.sendType',
+            'eventTime', strftime(event_time at time zone 'UTC', '%Y-%m-%dT%H:%M:%S.%gZ'),
+            'action', type,
+            'event', event_name,
+            'userId', customer_user_id,
+            'properties', properties,
+            'timestamp', strftime(event_time at time zone 'UTC', '%Y-%m-%dT%H:%M:%S.%gZ')
+        ) as o
+    from identified
+    where event_id in (select first_id from first_last_ids union select last_id from first_last_ids)
 ),
 
 first_last as (
     select
-        customer_id,
-        json_group_object(event_action, first_event) as first_event,
-        json_group_object(event_action, last_event) as last_event
-    from first_last_by_action
+        f.customer_id,
+        json_group_object(f.event_action, fo.o) as first_event,
+        json_group_object(f.event_action, lo.o) as last_event
+    from first_last_ids as f
+    inner join objects as fo on f.first_id = fo.event_id
+    inner join objects as lo on f.last_id = lo.event_id
     group by all
 ),
 
