@@ -17,6 +17,7 @@ import binascii
 import hashlib
 import threading
 import zlib
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -197,6 +198,24 @@ def _batch(body: bytes, limits: Limits) -> tuple[Any, list[tuple[str, dict[str, 
     return envelope.writeKey, items
 
 
+async def _one_call(
+    request: Request[Any, Any, Any], kinds: Mapping[str, str | None], *, source: str
+) -> Response[bytes]:
+    """One call of the tag (`t` takes any type) or of Segment's HTTP API, by path."""
+    limits: Limits = request.app.state.settings.limits
+    kind, msg = _single(await read_body(request), kinds[request.url.path], limits)
+    tenant = tenant_for(request, msg.get("writeKey"))
+    adapt(kind, msg)
+    validate(kind, msg, require_event=False)
+    if source == "segment":
+        channel = "server"
+    else:
+        # Mobile apps may post single events to the tag paths too; they say so in `channel`.
+        channel = "mobile" if msg.get("channel") == "mobile" else "browser"
+    ids = await _accept(request, tenant, [(kind, msg)], channel=channel, source=source)
+    return _ok({"success": True, "eventId": ids[0] if ids else None})
+
+
 @post(
     list(TAG_PATHS),
     operation_id=_operation_id("tagEvent"),
@@ -204,15 +223,7 @@ def _batch(body: bytes, limits: Limits) -> tuple[Any, list[tuple[str, dict[str, 
     status_code=200,
 )
 async def tag_event(request: Request[Any, Any, Any]) -> Response[bytes]:
-    limits: Limits = request.app.state.settings.limits
-    kind, msg = _single(await read_body(request), TAG_PATHS[request.url.path], limits)
-    tenant = tenant_for(request, msg.get("writeKey"))
-    adapt(kind, msg)
-    validate(kind, msg, require_event=False)
-    # Mobile apps may post single events here too; they say so in `channel`.
-    channel = "mobile" if msg.get("channel") == "mobile" else "browser"
-    ids = await _accept(request, tenant, [(kind, msg)], channel=channel, source="tag")
-    return _ok({"success": True, "eventId": ids[0] if ids else None})
+    return await _one_call(request, TAG_PATHS, source="tag")
 
 
 @post(f"{STD}/b", operation_id="tagBatch", summary="A batch from the tag", status_code=200)
@@ -244,13 +255,7 @@ async def mobile_batch(request: Request[Any, Any, Any]) -> Response[bytes]:
     status_code=200,
 )
 async def segment_call(request: Request[Any, Any, Any]) -> Response[bytes]:
-    limits: Limits = request.app.state.settings.limits
-    kind, msg = _single(await read_body(request), SEGMENT_PATHS[request.url.path], limits)
-    tenant = tenant_for(request, msg.get("writeKey"))
-    adapt(kind, msg)
-    validate(kind, msg, require_event=False)
-    ids = await _accept(request, tenant, [(kind, msg)], channel="server", source="segment")
-    return _ok({"success": True, "eventId": ids[0] if ids else None})
+    return await _one_call(request, SEGMENT_PATHS, source="segment")
 
 
 @post("/v1/batch", operation_id="segmentBatch", summary="Segment HTTP API batch", status_code=200)
