@@ -19,7 +19,8 @@ import time
 import traceback
 from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results"
+from bench.stats import RESULTS
+
 SCENARIOS = ("ingest", "pipeline", "read_api", "freshness")
 # Scenarios over the benchmark lake (bench/lake.py): they take its size; pipeline builds it.
 LAKE_SCENARIOS = ("pipeline", "read_api", "freshness")

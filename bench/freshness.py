@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -27,10 +26,9 @@ from pathlib import Path
 import httpx
 
 from bench.lake import Lake, ensure_lake, sizes
-from bench.stats import row, summarize
+from bench.stats import row, summarize, write_result
 from mallard.harness import REPO, Server, free_port
 
-RESULTS = Path(__file__).parent / "results"
 GOAL_P95_S = 60.0
 POLL_S = 0.25  # visibility is measured to this resolution
 SERVER_ENV = {"MALLARD_RATE_PER_SECOND": "1000000000", "MALLARD_RATE_BURST": "1000000000"}
@@ -224,17 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         row("pipeline run, median", round(cycle["p50"], 1), "s"),
         row("failed pipeline runs", failed_runs, "count", "0", failed_runs == 0),
     ]
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "freshness.json").write_text(
-        json.dumps(
-            {
-                "scenario": "freshness",
-                "rows": rows,
-                # seconds, shown as ms on the shared latency CDF axis
-                "latency_samples_ms": {"accepted -> visible": [round(s * 1000) for s in seen]},
-            }
-        )
-    )
+    # seconds, shown as ms on the shared latency CDF axis
+    write_result("freshness", rows, {"accepted -> visible": [round(s * 1000) for s in seen]})
     return 0
 
 

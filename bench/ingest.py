@@ -10,7 +10,6 @@ fsync on; the no-op app with the same uvicorn settings); the load generator shar
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import subprocess
 import sys
@@ -22,10 +21,9 @@ import msgspec
 
 from bench.generator import Traffic
 from bench.loadgen import Result, build_request, closed_loop, open_loop, run
-from bench.stats import row, summarize
+from bench.stats import row, sample, summarize, write_result
 from mallard.harness import REPO, Server, free_port, init_data_dir, wait_http
 
-RESULTS = Path(__file__).parent / "results"
 WORK = Path(__file__).parent / ".work"  # same disk as ./data, so fsync costs what it will
 HOST = "127.0.0.1"
 SERVER_ENV = {
@@ -41,11 +39,6 @@ def bodies(n: int, seed: int = 7) -> list[tuple[str, dict[str, Any]]]:
         msg.pop("_receivedAt")
         out.append((msg["type"], msg))
     return out
-
-
-def sample(xs: list[float], k: int = 3000) -> list[float]:
-    step = max(1, len(xs) // k)
-    return [round(x, 3) for x in xs[::step]]
 
 
 def report_line(label: str, res: Result, per_request: int = 1) -> None:
@@ -137,19 +130,14 @@ def main(argv: list[str] | None = None) -> int:
         row("ack p99 at full load (32 conns)", round(single_lat["p99"], 2), "ms"),
         row("non-200 answers", errors, "count", "0", errors == 0),
     ]
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "ingest.json").write_text(
-        json.dumps(
-            {
-                "scenario": "ingest",
-                "rows": rows,
-                "latency_samples_ms": {
-                    "durable, half load (open loop)": sample(r_half.latencies_ms),
-                    "durable, full load (32 conns)": sample(r_single.latencies_ms),
-                    "no-op, full load (32 conns)": sample(r_noop.latencies_ms),
-                },
-            }
-        )
+    write_result(
+        "ingest",
+        rows,
+        {
+            "durable, half load (open loop)": sample(r_half.latencies_ms),
+            "durable, full load (32 conns)": sample(r_single.latencies_ms),
+            "no-op, full load (32 conns)": sample(r_noop.latencies_ms),
+        },
     )
     shutil.rmtree(work, ignore_errors=True)
     return 0

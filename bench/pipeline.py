@@ -14,16 +14,14 @@ and freshness scenarios.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from bench.baseline import compare, run_baseline
 from bench.lake import fresh_lake, generate, sizes
-from bench.stats import row
+from bench.stats import row, write_result
 
-RESULTS = Path(__file__).parent / "results"
 INCREMENT = 100_000
 
 
@@ -112,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         row("  of which load", round(inc_steps.get("load", 0.0), 1), "s"),
         row("  of which dbt build (models + tests)", round(inc_steps.get("dbt", 0.0), 1), "s"),
     ]
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "pipeline.json").write_text(json.dumps({"scenario": "pipeline", "rows": rows}))
+    write_result("pipeline", rows)
     return 0  # a difference is reported as a failed goal, with the other figures
 
 

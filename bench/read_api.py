@@ -12,21 +12,18 @@ clients cause. Every phase is bounded in time and in requests.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 import time
 from datetime import timedelta
-from pathlib import Path
 
 from bench.lake import Lake, ensure_lake, sizes
 from bench.loadgen import Result, build_request, labeled_closed_loop, run
-from bench.stats import row, summarize
+from bench.stats import row, sample, summarize, write_result
 from mallard.harness import REPO, Server, free_port
 from mallard.warehouse import connect
 
-RESULTS = Path(__file__).parent / "results"
 HOST = "127.0.0.1"
 SERVER_ENV = {
     "MALLARD_RATE_PER_SECOND": "1000000000",  # measure the reads, not the rate limiter
@@ -80,11 +77,6 @@ def print_line(label: str, res: Result) -> None:
         f"max {lat.get('max', 0):8.2f} ms",
         flush=True,
     )
-
-
-def sample(xs: list[float], k: int = 3000) -> list[float]:
-    step = max(1, len(xs) // k)
-    return [round(x, 3) for x in xs[::step]]
 
 
 def latency_rows(label: str, res: Result, goal_ms: float) -> list[dict[str, object]]:
@@ -199,20 +191,15 @@ def main(argv: list[str] | None = None) -> int:
         ),
         row("non-200 answers", errors, "count", "0", errors == 0),
     ]
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "read_api.json").write_text(
-        json.dumps(
-            {
-                "scenario": "read_api",
-                "rows": rows,
-                "latency_samples_ms": {
-                    "traits, idle": sample(idle_traits["traits"].latencies_ms),
-                    "events page, idle": sample(idle_events["events"].latencies_ms),
-                    "traits, during rebuild": sample(during["traits"].latencies_ms),
-                    "events page, during rebuild": sample(during["events"].latencies_ms),
-                },
-            }
-        )
+    write_result(
+        "read_api",
+        rows,
+        {
+            "traits, idle": sample(idle_traits["traits"].latencies_ms),
+            "events page, idle": sample(idle_events["events"].latencies_ms),
+            "traits, during rebuild": sample(during["traits"].latencies_ms),
+            "events page, during rebuild": sample(during["events"].latencies_ms),
+        },
     )
     return 0
 

@@ -1,9 +1,13 @@
-"""Latency statistics for the benchmarks: percentiles by linear interpolation, summaries."""
+"""Benchmark figures: percentiles, summaries, result rows and the per-scenario JSON file."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -36,3 +40,20 @@ def row(
 ) -> dict[str, object]:
     """One line of a scenario's result table (see bench/__main__.py)."""
     return {"metric": metric, "value": value, "unit": unit, "goal": goal, "ok": ok}
+
+
+def sample(xs: list[float], k: int = 3000) -> list[float]:
+    """At most ~k evenly spaced values, for the latency plots."""
+    step = max(1, len(xs) // k)
+    return [round(x, 3) for x in xs[::step]]
+
+
+def write_result(
+    scenario: str, rows: list[dict[str, object]], samples: dict[str, list[float]] | None = None
+) -> None:
+    """`bench/results/<scenario>.json`, the contract the runner reads (bench/__main__.py)."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    doc: dict[str, object] = {"scenario": scenario, "rows": rows}
+    if samples is not None:
+        doc["latency_samples_ms"] = samples
+    (RESULTS / f"{scenario}.json").write_text(json.dumps(doc))
