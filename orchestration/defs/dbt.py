@@ -13,6 +13,7 @@ import dagster as dg
 from dagster_dbt import DbtCliResource, dbt_assets
 
 from orchestration.context import DBT_DIR, data_paths, dbt_env
+from orchestration.window import current_window
 
 
 def _newest_source_mtime() -> float:
@@ -68,8 +69,12 @@ def build_dbt_assets() -> tuple[Any, DbtCliResource]:
         with open(paths.lake_dir / ".build.lock", "w") as lock:
             # One dbt build at a time: two writers of the same marts would conflict on commit.
             fcntl.flock(lock, fcntl.LOCK_EX)
+            window = current_window(paths)
+            context.log.info(f"incremental window: {window}")
             # A fixed target dir keeps partial parsing warm between runs (one build at a time).
-            yield from dbt.cli(["build"], context=context, target_path=paths.dbt_target).stream()
+            yield from dbt.cli(
+                ["build", *window.dbt_args()], context=context, target_path=paths.dbt_target
+            ).stream()
 
     resource = DbtCliResource(
         project_dir=str(DBT_DIR),

@@ -1,7 +1,16 @@
 -- One row per (customer, identifier): every userId, anonymousId and email a customer has been
 -- seen with, with first and last seen times.
+{{
+    config(
+        materialized='incremental',
+        incremental_strategy='replace_customers',
+        unique_key='customer_id',
+    )
+}}
+
 with messages as (
     select * from {{ ref('int_messages_identified') }}
+    {{ where_customer_changed() }}
 ),
 
 identifiers as (

@@ -3,12 +3,22 @@
 -- (ties: later receipt, then messageId), whether it came by the preferences endpoint or by an
 -- identify trait. Only keys ever set appear: defaults (channels opt-in, categories opt-out)
 -- are applied against the brand's configured choices where those are known (the API).
+{{
+    config(
+        materialized='incremental',
+        incremental_strategy='replace_customers',
+        unique_key='customer_id',
+    )
+}}
+
 with messages as (
     select * from {{ ref('int_messages_identified') }}
+    {{ where_customer_changed() }}
 ),
 
 changes as (
     select * from {{ ref('int_preference_changes') }}
+    {{ where_customer_changed() }}
 ),
 
 customers as (

@@ -4,12 +4,22 @@
 -- when absent or null. `campaign` is the context campaign of the customer's first message by
 -- event time (first recognition, as a visitor or known; a visitor's messages belong to the
 -- customer it became), unless an identify sets `campaign` itself.
+{{
+    config(
+        materialized='incremental',
+        incremental_strategy='replace_customers',
+        unique_key='customer_id',
+    )
+}}
+
 with history as (
     select * from {{ ref('int_trait_history') }}
+    {{ where_customer_changed() }}
 ),
 
 messages as (
     select * from {{ ref('int_messages_identified') }}
+    {{ where_customer_changed() }}
 ),
 
 latest as (

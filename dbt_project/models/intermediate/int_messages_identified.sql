@@ -1,12 +1,54 @@
 -- One row per deduplicated message, attributed to its customer: its userId, else the userId its
 -- anonymousId was (ever, before or after) identified with, else the anonymous visitor itself.
-with messages as (
+-- Incrementally, a pass attributes the messages loaded since the last pass, and again the
+-- anonymous messages of every anonymousId those messages pair with a userId (a first or an
+-- earlier identify moves them). `previous_customer_id` keeps whom a rewritten message belonged
+-- to at the last finished pass, so int_customers_changed can rebuild the customer it left;
+-- `pass_through` is the window end of the pass that wrote the row.
+{{
+    config(
+        materialized='incremental',
+        incremental_strategy='delete+insert',
+        unique_key=['account_id', 'message_id'],
+    )
+}}
+
+with deduped as (
     select * from {{ ref('int_messages_deduped') }}
 ),
 
 identity_map as (
     select * from {{ ref('int_identity_map') }}
 ),
+
+{% if is_incremental() %}
+loaded as (
+    select * from deduped
+    where {{ in_window('loaded_at') }}
+),
+
+paired as (
+    select distinct
+        account_id,
+        anonymous_id
+    from loaded
+    where anonymous_id is not null and user_id is not null
+),
+
+messages as (
+    select * from loaded
+    union all by name
+    select deduped.*
+    from deduped
+    semi join paired
+        on deduped.account_id = paired.account_id and deduped.anonymous_id = paired.anonymous_id
+    where deduped.user_id is null and not ({{ in_window('deduped.loaded_at') }})
+),
+{% else %}
+messages as (
+    select * from deduped
+),
+{% endif %}
 
 resolved as (
     select
@@ -26,11 +68,33 @@ resolved as (
             and messages.anonymous_id = identity_map.anonymous_id
 ),
 
-final as (
+attributed as (
     select
         *,
         {{ customer_id('account_id', 'customer_key') }} as customer_id
     from resolved
+),
+
+final as (
+    select
+        attributed.*,
+        {% if is_incremental() -%}
+            -- Rewritten twice before a pass finishes: keep the customer of the finished pass.
+            case
+                when {{ in_window('stored.pass_through') }} then stored.previous_customer_id
+                else stored.customer_id
+            end
+        {%- else -%}
+            cast(null as varchar)
+        {%- endif %} as previous_customer_id,
+        {{ pass_through() }} as pass_through
+    from attributed
+    {% if is_incremental() -%}
+        left join {{ this }} as stored
+            on
+                attributed.account_id = stored.account_id
+                and attributed.message_id = stored.message_id
+    {%- endif %}
 )
 
 select * from final

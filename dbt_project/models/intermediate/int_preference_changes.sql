@@ -3,8 +3,17 @@
 -- preferences endpoint, source `preferences`) or by an identify trait `marketingPreferences`.
 -- int_customer_preferences picks the latest change per key by event time from these rows,
 -- whichever path a change came by.
+{{
+    config(
+        materialized='incremental',
+        incremental_strategy='replace_customers',
+        unique_key='customer_id',
+    )
+}}
+
 with messages as (
     select * from {{ ref('int_messages_identified') }}
+    {{ where_customer_changed() }}
 ),
 
 updates as (

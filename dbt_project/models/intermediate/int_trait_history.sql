@@ -1,7 +1,20 @@
 -- One row per (identify message, top-level trait key): the history every trait value comes
 -- from, so a profile can be read as of any time.
+{{
+    config(
+        materialized='incremental',
+        incremental_strategy='replace_customers',
+        unique_key='customer_id',
+    )
+}}
+
 with messages as (
     select * from {{ ref('int_messages_identified') }}
+    {{ where_customer_changed() }}
+),
+
+identifies as (
+    select * from messages
     where type = 'identify' and json_type(traits) = 'OBJECT'
 ),
 
@@ -15,7 +28,7 @@ keys as (
         received_at,
         traits,
         unnest(json_keys(traits)) as trait_key
-    from messages
+    from identifies
 ),
 
 final as (

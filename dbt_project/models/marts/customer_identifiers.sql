@@ -1,10 +1,20 @@
 -- One row per (customer, identifier type, identifier): the external ids of every served customer.
+{{
+    config(
+        materialized='incremental',
+        incremental_strategy='replace_customers',
+        unique_key='customer_id',
+    )
+}}
+
 with identifiers as (
     select * from {{ ref('int_customer_identifiers') }}
+    {{ where_customer_changed() }}
 ),
 
 customers as (
     select customer_id from {{ ref('customers') }}
+    {{ where_customer_changed() }}
 ),
 
 final as (

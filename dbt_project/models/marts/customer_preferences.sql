@@ -1,12 +1,22 @@
 -- One row per served customer with a subscription id (grain: subscription_id): what the
 -- marketing-preferences endpoints read (INTERFACE.md 2.6, 4.5). The subscription id is the
 -- only key; it is never listed by any API.
+{{
+    config(
+        materialized='incremental',
+        incremental_strategy='replace_customers',
+        unique_key='customer_id',
+    )
+}}
+
 with customers as (
     select * from {{ ref('customers') }}
+    {{ where_customer_changed() }}
 ),
 
 preferences as (
     select * from {{ ref('int_customer_preferences') }}
+    {{ where_customer_changed() }}
 ),
 
 final as (

@@ -1,15 +1,26 @@
 -- One row per served customer (grain: customer_id): the traits object and the metadata object of
 -- INTERFACE.md 2.9, with typed columns for lookups.
+{{
+    config(
+        materialized='incremental',
+        incremental_strategy='replace_customers',
+        unique_key='customer_id',
+    )
+}}
+
 with messages as (
     select * from {{ ref('int_messages_identified') }}
+    {{ where_customer_changed() }}
 ),
 
 traits as (
     select * from {{ ref('int_customer_traits') }}
+    {{ where_customer_changed() }}
 ),
 
 preferences as (
     select * from {{ ref('int_customer_preferences') }}
+    {{ where_customer_changed() }}
 ),
 
 regulations as (

@@ -1,8 +1,38 @@
 -- One row per (account, messageId) received more than once: how many extra copies, first and
--- last receipt, so retry storms show.
+-- last receipt, so retry storms show. Incrementally, the keys of newly loaded messages are
+-- counted again over all history.
+{{
+    config(
+        materialized='incremental',
+        incremental_strategy='delete+insert',
+        unique_key=['account_id', 'message_id'],
+    )
+}}
+
 with messages as (
     select * from {{ ref('stg_messages') }}
 ),
+
+{% if is_incremental() %}
+loaded as (
+    select distinct
+        account_id,
+        message_id
+    from messages
+    where {{ in_window('loaded_at') }}
+),
+
+counted as (
+    select messages.*
+    from messages
+    semi join loaded
+        on messages.account_id = loaded.account_id and messages.message_id = loaded.message_id
+),
+{% else %}
+counted as (
+    select * from messages
+),
+{% endif %}
 
 final as (
     select
@@ -11,7 +41,7 @@ final as (
         count(*) - 1 as duplicate_count,
         min(received_at) as first_received_at,
         max(received_at) as last_received_at
-    from messages
+    from counted
     group by account_id, message_id
     having count(*) > 1
 )

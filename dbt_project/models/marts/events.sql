@@ -1,11 +1,21 @@
 -- One row per deduplicated message of a served customer (grain: event_id), in the shape of the
 -- event record of INTERFACE.md 2.8 (`record`), with typed columns for filtering.
+{{
+    config(
+        materialized='incremental',
+        incremental_strategy='replace_customers',
+        unique_key='customer_id',
+    )
+}}
+
 with messages as (
     select * from {{ ref('int_messages_identified') }}
+    {{ where_customer_changed() }}
 ),
 
 traits as (
     select * from {{ ref('int_customer_traits') }}
+    {{ where_customer_changed() }}
 ),
 
 regulations as (

@@ -1,4 +1,9 @@
--- One row: when the marts were built and the newest receipt they reflect.
+-- One row: when the marts were built, the newest receipt they reflect, and the end of the load
+-- window this pass took (`loaded_through`): the orchestrator starts the next pass after it.
+-- Built last (it depends on every served mart), so a pass that fails anywhere leaves the
+-- previous row, and the next pass takes the failed pass's messages again.
+-- depends_on: {{ ref('events') }}, {{ ref('customers') }}, {{ ref('customer_identifiers') }}
+-- depends_on: {{ ref('customer_preferences') }}, {{ ref('duplicates') }}
 with messages as (
     select * from {{ ref('stg_messages') }}
 ),
@@ -7,7 +12,8 @@ final as (
     select
         now() as built_at,
         max(received_at) as data_through,
-        count(*) as messages
+        count(*) as messages,
+        {{ pass_through() }} as loaded_through
     from messages
 )
 
