@@ -3,16 +3,22 @@
 A DuckLake read costs catalog round trips, Parquet footers and the decoding of whole row
 groups: ~50 ms for a point lookup and seconds for a newest-first page over 10M events
 (measured; DESIGN.md 8). An index holds, per row, a key hash and a position (a few bytes), the
-traits of each customer, and the location of each event record in the build's immutable
-Parquet files; an answer is then a binary search plus the read of one small row group.
+traits of each customer, and the location of each event record in the lake's Parquet data
+files; an answer is then a binary search plus the read of one small row group.
 
-An index is keyed by the data files of the two tables, not by snapshot: a pipeline commits
-many snapshots, and the index stays valid for every snapshot whose files are the same.
+DuckLake never rewrites a file: an incremental run inserts rows in new data files and deletes
+rows by writing, per data file, a new delete file listing the positions of all its deleted
+rows. Once several snapshots deleted from a data file, its delete file also names the snapshot
+of each delete, and stands for the earlier snapshots too (the older delete file leaves the
+catalog). An index holds the rows of the data files that their delete files leave, as of one
+snapshot, and is keyed by those files, not by snapshot: a pipeline commits many snapshots, and
+the index stays valid for every snapshot whose data and delete files are the same.
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -30,9 +36,41 @@ _KEY = {"userId": "user_id", "id": "customer_id", "email": "email_lower"}
 
 @dataclass(frozen=True)
 class Files:
-    """The Parquet files that hold all of a table's rows at one snapshot."""
+    """The Parquet files that hold all of a table's rows at one snapshot: each data file, its
+    DuckLake delete file (None if no row of it is deleted), and how many of its rows are live
+    (DuckLake's own count, which the index must reproduce from the files)."""
 
     paths: tuple[str, ...]
+    deletes: tuple[str | None, ...]
+    rows: tuple[int, ...]
+    # The snapshot to read the files as of when some of them also hold rows or deletes of
+    # later snapshots; None when they hold nothing else, so the key is shared by snapshots.
+    upto: int | None = None
+
+
+# DuckLake gives each row of a file holding rows of several snapshots (a delete file of deletes
+# made by several snapshots, a flush of rows inlined in the catalog, a merge of files) the
+# snapshot it was written or deleted in, in this column.
+_SNAPSHOT_COLUMN = "_ducklake_internal_snapshot_id"
+
+
+@functools.lru_cache(maxsize=65536)
+def newest_snapshot(path: str) -> int | None:
+    """The newest snapshot a row of a data or delete file belongs to, when the file records it
+    (None otherwise: all its rows belong to the snapshot that added the file). Read from the
+    Parquet footer's statistics, once per file: DuckLake files are never rewritten."""
+    meta = pq.read_metadata(path)
+    names = meta.schema.names
+    if _SNAPSHOT_COLUMN not in names:
+        return None
+    col = names.index(_SNAPSHOT_COLUMN)
+    newest = 0
+    for i in range(meta.num_row_groups):
+        stats = meta.row_group(i).column(col).statistics
+        if stats is None or not stats.has_min_max:
+            return 2**63 - 1  # unknown: newer than any snapshot
+        newest = max(newest, int(stats.max))
+    return newest
 
 
 def _us(t: datetime) -> int:
@@ -78,7 +116,9 @@ class _HashIndex:
 
 
 class _Rows:
-    """Reads single rows of immutable Parquet files by (file, row): one small row group each."""
+    """Reads single rows of immutable Parquet files by (file, row): one small row group each.
+
+    A row is its physical position in the data file, which a delete file leaves as it is."""
 
     def __init__(self, files: Files) -> None:
         self.files = files.paths
@@ -106,19 +146,56 @@ class _Rows:
         return out
 
 
-_LOCATION = (
-    "(list_position(?, filename) - 1)::integer as file, file_row_number as row"
-    " from read_parquet(?, filename = true, file_row_number = true)"
-)
+def _as_of(paths: list[str], upto: int | None) -> tuple[str, str]:
+    """read_parquet options and a condition keeping the rows of the files up to snapshot upto."""
+    if upto is None or all(newest_snapshot(p) is None for p in paths):
+        return "", "true"
+    # Files of one snapshot have no snapshot column: by name, it reads as NULL for them.
+    return ", union_by_name = true", f"coalesce({_SNAPSHOT_COLUMN}, 0) <= {int(upto)}"
+
+
+def _live(files: Files) -> tuple[str, list[Any]]:
+    """A FROM item (SQL and its parameters) for the live rows of the files, each with its
+    location: `file`, its data file's place in files.paths, and `row`, its row in that file."""
+    paths = list(files.paths)
+    opts, cond = _as_of(paths, files.upto)
+    # file_index is a file's place in the list read_parquet is given (a third of the cost of
+    # looking its filename up in that list, per row).
+    sql = (
+        "(select *, file_index::integer as file, file_row_number as row"
+        f" from read_parquet(?, file_row_number = true{opts}) where {cond})"
+    )
+    params: list[Any] = [paths]
+    owners = [i for i, d in enumerate(files.deletes) if d is not None]
+    deletes = [d for d in files.deletes if d is not None]
+    if deletes:
+        # A DuckLake delete file is Parquet with columns file_path (the data file), pos (a
+        # deleted row's position in it) and, when it holds deletes of several snapshots,
+        # _ducklake_internal_snapshot_id. The data file is known from the catalog, not from
+        # file_path: that is the data file's path as first written, which a lake moved to
+        # another directory would no longer match.
+        opts, cond = _as_of(deletes, files.upto)
+        sql = (
+            f"(select * from {sql} as d anti join"
+            " (select (?::integer[])[file_index::integer + 1] as file, pos as row"
+            f" from read_parquet(?{opts}) where {cond}) as x"
+            " on d.file = x.file and d.row = x.row)"
+        )
+        params += [owners, deletes]
+    return sql, params
+
+
+def _file_rows(file: np.ndarray[Any, Any], files: Files) -> tuple[int, ...]:
+    return tuple(int(n) for n in np.bincount(file, minlength=len(files.paths)))
 
 
 def _groups(
     conn: duckdb.DuckDBPyConnection, keys: str, files: Files
 ) -> dict[tuple[str, ...], tuple[int, int]]:
     """(lo, hi) of each run of equal keys in rows sorted by those keys first."""
+    live, params = _live(files)
     rows = conn.execute(
-        f"select {keys}, count(*) from read_parquet(?) group by all order by all",
-        [list(files.paths)],
+        f"select {keys}, count(*) from {live} group by all order by all", params
     ).fetchall()
     out, lo = {}, 0
     for *key, n in rows:
@@ -131,16 +208,18 @@ class CustomerIndex:
     """Customers ordered by account and customer id (the profile list's order)."""
 
     def __init__(self, conn: duckdb.DuckDBPyConnection, files: Files) -> None:
+        live, params = _live(files)
+        # One ORDER BY over the rows of all the files: the list's order across files.
         t = conn.execute(
             "select account_id, user_id, customer_id, email_lower, traits,"
             " hash(account_id, user_id) as h_user, hash(account_id, customer_id) as h_id,"
-            " hash(account_id, email_lower) as h_email, "
-            + _LOCATION
-            + " order by account_id, customer_id",
-            [list(files.paths), list(files.paths)],
+            " hash(account_id, email_lower) as h_email, file, row"
+            f" from {live} order by account_id, customer_id",
+            params,
         ).to_arrow_table()
         self.file = t["file"].to_numpy()
         self.row = t["row"].to_numpy()
+        self.file_rows = _file_rows(self.file, files)
         self.reader = _Rows(files)
         self.cols = {c: t[c].combine_chunks() for c in _KEY.values()}
         self.account = t["account_id"].combine_chunks()
@@ -194,27 +273,29 @@ class EventIndex:
 
     def __init__(self, conn: duckdb.DuckDBPyConnection, files: Files) -> None:
         self.reader = _Rows(files)
+        live, params = _live(files)
         self.action_names = [
             str(r[0])
             for r in conn.execute(
-                "select distinct event_action from read_parquet(?)"
+                f"select distinct event_action from {live}"
                 " where event_action is not null order by 1",
-                [list(files.paths)],
+                params,
             ).fetchall()
         ]
-        # Only numbers come back (~32 bytes an event); the strings stay inside DuckDB's sort.
+        # Only numbers come back (~32 bytes an event); the strings stay inside DuckDB's sort,
+        # one ORDER BY over the rows of all the files.
         t = conn.execute(
             "select epoch_us(event_time) as t,"
             " coalesce(list_position(?, event_action), 0)::integer - 1 as action,"
-            " hash(account_id, customer_id) as h_customer, "
-            + _LOCATION
-            + " order by account_id, brand_id, event_time, event_id",
-            [self.action_names, list(files.paths), list(files.paths)],
+            " hash(account_id, customer_id) as h_customer, file, row"
+            f" from {live} order by account_id, brand_id, event_time, event_id",
+            [self.action_names, *params],
         ).to_arrow_table()
         self.n = t.num_rows
         self.t = t["t"].to_numpy()
         self.file = t["file"].to_numpy()
         self.row = t["row"].to_numpy()
+        self.file_rows = _file_rows(self.file, files)
         self.action = t["action"].to_numpy()
         self.by_customer = _HashIndex(t["h_customer"].to_numpy())
         del t

@@ -18,7 +18,7 @@ from typing import Any
 
 import duckdb
 
-from api.index import Files, Index
+from api.index import Files, Index, newest_snapshot
 from api.params import EventQuery
 from mallard.errors import InvalidRequest, Unavailable
 from mallard.paths import DataPaths
@@ -70,7 +70,6 @@ class Warehouse:
         self._sig: tuple[Any, ...] | None = None
         self._sig_version = 0
         self._sig_at = 0.0
-        self._counts: dict[Files, int] = {}
         self._conn: duckdb.DuckDBPyConnection | None = None
         self._lock = threading.Lock()
         self._local = threading.local()
@@ -176,33 +175,74 @@ class Warehouse:
     # --- the index -------------------------------------------------------------------------
 
     def _files_of(self, version: int) -> tuple[Files, Files, int] | None:
-        """The Parquet files holding all rows of customers and events at a version, or None
-        when some rows are elsewhere (inlined in the catalog, or deleted by a delete file)."""
+        """The Parquet data files of customers and events at a version, each with its delete
+        file, and their bytes; or None when some rows cannot be read from them."""
         if version in self._keys:
             return self._keys[version]
         out: list[Files] = []
         size = 0
         for table in ("customers", "events"):
-            rows = self._query(
-                "select data_file, data_file_size_bytes, delete_file"
-                f" from ducklake_list_files('lake', '{table}', schema => 'marts',"
-                f" snapshot_version => {version})"
-            )
-            count = self._query(
-                f"select count(*) from lake.marts.{table} AT (VERSION => {version})"
-            )
-            files = tuple(sorted(str(r[0]) for r in rows))
-            if not rows or any(r[2] for r in rows) or not count:
+            found = self._table_files(table, version)
+            if isinstance(found, str):
+                if found:
+                    log.warning(
+                        "no read index at snapshot %d: marts.%s %s; answering from SQL",
+                        version,
+                        table,
+                        found,
+                    )
                 self._keys[version] = None
                 return None
-            out.append(Files(files))
-            size += sum(int(r[1]) for r in rows)
-            self._counts[Files(files)] = int(count[0][0])
+            out.append(found[0])
+            size += found[1]
         key = (out[0], out[1], size)
         if len(self._keys) > 1000:
             self._keys.clear()
         self._keys[version] = key
         return key
+
+    def _table_files(self, table: str, version: int) -> tuple[Files, int] | str:
+        """A table's files at a version and their bytes, or why the index cannot read its rows
+        from them ("" when it has no files: no table yet)."""
+        listed = sorted(
+            self._query(
+                "select data_file, data_file_size_bytes, delete_file, delete_file_size_bytes"
+                f" from ducklake_list_files('lake', '{table}', schema => 'marts',"
+                f" snapshot_version => {version})"
+            )
+        )
+        if not listed:
+            return ""
+        paths = tuple(str(r[0]) for r in listed)
+        deletes = tuple(None if r[2] is None else str(r[2]) for r in listed)
+        # DuckLake's own scan of the table, per data file: rows it finds anywhere else are
+        # inlined in the catalog (small inserts), and a file with fewer live rows than the
+        # index will find in it has deletes inlined there (small deletes, which no delete
+        # file lists; Index checks this count when it is built).
+        live = {
+            str(f): int(n)
+            for f, n in self._query(
+                f"select filename, count(*) from lake.marts.{table} AT (VERSION => {version})"
+                " group by filename"
+            )
+        }
+        if not live.keys() <= set(paths):
+            return "has rows outside its data files (inlined in the catalog)"
+        if any(d is not None and not d.endswith(".parquet") for d in deletes):
+            return "has delete files that are not Parquet"
+        try:
+            # A file of rows of several snapshots (the delete file of a data file that several
+            # snapshots deleted from, a flush of inlined rows) may also hold rows or deletes of
+            # snapshots after this one, which the index must not see.
+            later = any(
+                (newest_snapshot(f) or 0) > version
+                for f in paths + tuple(d for d in deletes if d is not None)
+            )
+        except (OSError, ValueError) as e:
+            return f"has a file that cannot be read ({e})"
+        size = sum(int(r[1]) + int(r[3] or 0) for r in listed)
+        rows = tuple(live.get(p, 0) for p in paths)
+        return Files(paths, deletes, rows, version if later else None), size
 
     def index(self, snap: Snapshot | int) -> Index | None:
         """The index of a snapshot's files: built now when small, else in the background (and
@@ -254,10 +294,13 @@ class Warehouse:
         t0 = time.monotonic()
         try:
             idx = Index(*key)
-            # Every row must be in the files, or the index would silently miss some.
-            if idx.customers.rows != self._counts.get(key[0]) or idx.events.n != self._counts.get(
-                key[1]
-            ):
+            # Each file's live rows in the index must be DuckLake's, or it would silently miss
+            # some or answer with deleted ones (deletes inlined in the catalog).
+            if (idx.customers.file_rows, idx.events.file_rows) != (key[0].rows, key[1].rows):
+                log.warning(
+                    "read index rows differ from the marts' (deletes inlined in the catalog);"
+                    " answering from SQL"
+                )
                 self._unusable.add(key)
                 return None
         except Exception:

@@ -13,7 +13,12 @@ import dagster as dg
 from dagster_dbt import DbtCliResource, dbt_assets
 
 from orchestration.context import DBT_DIR, data_paths, dbt_env
-from orchestration.window import current_window
+from orchestration.window import (
+    current_window,
+    dbt_build_args,
+    record_unit_tests_passed,
+    unit_tests_due,
+)
 
 
 def _newest_source_mtime() -> float:
@@ -70,11 +75,14 @@ def build_dbt_assets() -> tuple[Any, DbtCliResource]:
             # One dbt build at a time: two writers of the same marts would conflict on commit.
             fcntl.flock(lock, fcntl.LOCK_EX)
             window = current_window(paths)
-            context.log.info(f"incremental window: {window}")
+            unit_tests = unit_tests_due(paths.dbt_target)
+            context.log.info(f"incremental window: {window}; unit tests: {unit_tests}")
             # A fixed target dir keeps partial parsing warm between runs (one build at a time).
             yield from dbt.cli(
-                ["build", *window.dbt_args()], context=context, target_path=paths.dbt_target
+                dbt_build_args(window, unit_tests), context=context, target_path=paths.dbt_target
             ).stream()
+            if unit_tests:  # reached only when dbt succeeded: a failure raises above
+                record_unit_tests_passed(paths.dbt_target)
 
     resource = DbtCliResource(
         project_dir=str(DBT_DIR),

@@ -10,6 +10,8 @@ across accounts.
 
 The messages are stamped by the collector's own code and landed as the roller lands them; the
 pipeline is the real `mallard pipeline run` (Dagster load + dbt build, unit tests included).
+Every pass after the first is incremental (the models take only the messages loaded since the
+last finished pass), and one pass dies after attribution, so the next one must recover.
 The oracle below implements INTERFACE.md 2.5 and DESIGN.md 5 directly from the client messages
 and their receipt times, independently of the SQL models.
 """
@@ -18,8 +20,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import shutil
+import subprocess
+import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -34,9 +39,13 @@ from collector.roller import records_to_tables
 from mallard.harness import init_data_dir, mallard
 from mallard.paths import DataPaths
 from mallard.warehouse import connect
+from orchestration.context import DBT_DIR, dbt_env
+from orchestration.load import load_new_files
+from orchestration.window import current_window
 
 N_STREAMS = 24
 N_SLICES = 4
+INTERRUPTED_SLICE = 2  # this slice's pass is preceded by one that dies after attribution
 SEED = 20240301
 CLIENT = "demo"
 # Track names and the action each must get (INTERFACE.md 2.8), plus the other message kinds.
@@ -340,6 +349,37 @@ def pipeline(data_dir: Path) -> None:
     assert "FAIL" not in out.stdout, out.stdout
 
 
+def interrupted_pass(data_dir: Path) -> None:
+    """Load what landed, then a pass that stops after dedup and attribution, as if its process
+    died there: the next pass must take these messages again and still rebuild the customers
+    they moved away from (the last finished pass's attribution, not this one's)."""
+    paths = DataPaths(data_dir)
+    load_new_files(paths)
+    window = current_window(paths)
+    assert window.loaded_after is not None, "an incremental pass, not the first one"
+    subprocess.run(
+        [
+            str(Path(sys.executable).parent / "dbt"),
+            "run",
+            "--select",
+            "int_messages_deduped int_identity_map int_messages_identified",
+            *window.dbt_args(),
+            "--project-dir",
+            str(DBT_DIR),
+            "--profiles-dir",
+            str(DBT_DIR),
+            "--target-path",
+            str(data_dir / "dbt" / "interrupted"),
+            "--log-path",
+            str(data_dir / "dbt" / "interrupted"),
+        ],
+        check=True,
+        capture_output=True,
+        env={**os.environ, **dbt_env(paths)},
+        timeout=600,
+    )
+
+
 @dataclass
 class Built:
     arrivals: list[Arrival]
@@ -360,7 +400,14 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     init_data_dir(inc)
     after = []
     for seq, part in enumerate(slices):
-        land(inc, part, seq)
+        if seq == INTERRUPTED_SLICE:
+            # Half the slice goes through a pass that dies; the rest lands before the next.
+            half = len(part) // 2
+            land(inc, part[:half], 100 + seq)
+            interrupted_pass(inc)
+            land(inc, part[half:], seq)
+        else:
+            land(inc, part, seq)
         pipeline(inc)
         after.append(read_marts(inc))
 

@@ -32,23 +32,34 @@ candidates as (
     semi join winners on messages.event_id = winners.event_id
 ),
 
+{% if is_incremental() %}
+stored as (
+    select
+        stored.account_id,
+        stored.message_id,
+        stored.received_at,
+        stored.event_id
+    from {{ this }} as stored
+    semi join candidates
+        on stored.account_id = candidates.account_id and stored.message_id = candidates.message_id
+),
+
+-- A copy already stored (this one again, or an earlier receipt) wins over the new one. The
+-- comparison stays out of the join condition: in it, DuckDB planned a nested-loop join.
 final as (
     select candidates.*
     from candidates
-    {% if is_incremental() -%}
-        -- A copy already stored (this one again, or an earlier receipt) wins over the new one.
-        anti join {{ this }} as stored
-            on
-                candidates.account_id = stored.account_id
-                and candidates.message_id = stored.message_id
-                and (
-                    stored.received_at < candidates.received_at
-                    or (
-                        stored.received_at = candidates.received_at
-                        and stored.event_id <= candidates.event_id
-                    )
-                )
-    {%- endif %}
+    left join stored
+        on candidates.account_id = stored.account_id and candidates.message_id = stored.message_id
+    where
+        stored.event_id is null
+        or candidates.received_at < stored.received_at
+        or (candidates.received_at = stored.received_at and candidates.event_id < stored.event_id)
 )
+{% else %}
+final as (
+    select * from candidates
+)
+{% endif %}
 
 select * from final

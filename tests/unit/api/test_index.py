@@ -2,23 +2,64 @@
 
 The lake is a real DuckLake with marts of the shape dbt builds, written with small row groups
 so records come from many row groups, and with ties in event time, several accounts, brands,
-actions and a shared email.
+actions and a shared email. A second lake is then changed by incremental passes as the dbt
+models make them (delete the rows of the customers that changed, insert their new rows): its
+marts have several data files, some with DuckLake delete files.
 """
 
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from api.index import Index
 from api.params import event_query
-from api.service import Warehouse
+from api.service import Snapshot, Warehouse
 from mallard.paths import DataPaths
 from mallard.warehouse import connect
 
 ACTIONS = ["page", "logged_in", "order_completed", "identify"]
+
+
+def customers_sql(ids: str, run: int = 1) -> str:
+    """The customers rows of the customer numbers `ids` (SQL of one column i), as of a run."""
+    return f"""
+        select md5('c' || i) as customer_id, 'acme' as client_id,
+            case when i % 10 = 0 then 'other' else 'shop' end as account_id,
+            case when i % 17 = 0 then null else 'u-' || i end as user_id,
+            lower(email) as email_lower, null as subscription_id,
+            json_object('email', email, 'n', i, 'run', {run}) as traits,
+            json_object('n', i, 'run', {run}) as metadata,
+            now() as created_time, now() as last_activity_time
+        from (select i, case when i % 7 = 0 then 'Shared@Example.com' when i % 7 = 1
+                  then 'shared@EXAMPLE.com' else 'e' || i || '@x.com' end as email
+              from ({ids}))
+        order by account_id, user_id, customer_id
+        """
+
+
+def events_sql(pairs: str, run: int = 1) -> str:
+    """The events rows of the (event number i, customer number c) `pairs`, as of a run."""
+    return f"""
+        with e as (
+            select i, c,
+                timestamptz '2026-03-01 00:00:00+00' + to_seconds((i * 37) % 20000) as event_time
+            from ({pairs})
+        )
+        select md5('e' || i) as event_id, md5('c' || c) as customer_id, 'u-' || c as user_id,
+            null as email, null as email_lower,
+            (['page', 'logged_in', 'order_completed', 'identify'])[1 + (i * 7) % 4] as event_action,
+            event_time, event_time as received_time, 'acme' as client_id,
+            case when c % 10 = 0 then 'other' else 'shop' end as account_id,
+            case when i % 5 = 0 then 'OUTLET' else 'SHOP' end as brand_id, 'server' as source,
+            json_object('eventId', md5('e' || i), 'i', i, 'run', {run}) as record
+        from e
+        order by account_id, event_time, event_id
+        """
 
 
 def build_lake(root: Path, customers: int = 300, events: int = 4000) -> DataPaths:
@@ -27,38 +68,12 @@ def build_lake(root: Path, customers: int = 300, events: int = 4000) -> DataPath
     conn.execute("create schema if not exists lake.marts")
     conn.execute("call lake.set_option('parquet_row_group_size', 256, schema => 'marts')")
     conn.execute(
-        f"""
-        create table lake.marts.customers as
-        select md5('c' || i) as customer_id, 'acme' as client_id,
-            case when i % 10 = 0 then 'other' else 'shop' end as account_id,
-            case when i % 17 = 0 then null else 'u-' || i end as user_id,
-            lower(email) as email_lower, null as subscription_id,
-            json_object('email', email, 'n', i) as traits, json_object('n', i) as metadata,
-            now() as created_time, now() as last_activity_time
-        from (select i, case when i % 7 = 0 then 'Shared@Example.com' when i % 7 = 1
-                  then 'shared@EXAMPLE.com' else 'e' || i || '@x.com' end as email
-              from range({customers}) t(i))
-        order by account_id, user_id, customer_id
-        """
+        "create table lake.marts.customers as "
+        + customers_sql(f"select i from range({customers}) t(i)")
     )
     conn.execute(
-        f"""
-        create table lake.marts.events as
-        with e as (
-            select i, i % {customers} as c,
-                timestamptz '2026-03-01 00:00:00+00' + to_seconds((i * 37) % 20000) as event_time
-            from range({events}) t(i)
-        )
-        select md5('e' || i) as event_id, md5('c' || c) as customer_id, 'u-' || c as user_id,
-            null as email, null as email_lower,
-            (['page', 'logged_in', 'order_completed', 'identify'])[1 + (i * 7) % 4] as event_action,
-            event_time, event_time as received_time, 'acme' as client_id,
-            case when c % 10 = 0 then 'other' else 'shop' end as account_id,
-            case when i % 5 = 0 then 'OUTLET' else 'SHOP' end as brand_id, 'server' as source,
-            json_object('eventId', md5('e' || i), 'i', i) as record
-        from e
-        order by account_id, event_time, event_id
-        """
+        "create table lake.marts.events as "
+        + events_sql(f"select i, i % {customers} as c from range({events}) t(i)")
     )
     conn.execute(
         "create table lake.marts.freshness as select now() as built_at, now() as data_through"
@@ -87,7 +102,10 @@ def test_index_is_built_and_used(fast: Warehouse, sql: Warehouse) -> None:
     assert sql.index(sql.snapshot()) is None
 
 
-QUERIES = [
+ACCOUNT_BRANDS = [("shop", "SHOP"), ("shop", "OUTLET"), ("other", "SHOP"), ("nope", "SHOP")]
+
+
+QUERIES: list[dict[str, Any]] = [
     {},
     {"size": 1},
     {"sort": "asc"},
@@ -104,9 +122,7 @@ QUERIES = [
 ]
 
 
-@pytest.mark.parametrize(
-    "account,brand", [("shop", "SHOP"), ("shop", "OUTLET"), ("other", "SHOP"), ("nope", "SHOP")]
-)
+@pytest.mark.parametrize("account,brand", ACCOUNT_BRANDS)
 @pytest.mark.parametrize(
     "params", QUERIES, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()) or "default"
 )
@@ -118,15 +134,27 @@ def test_event_pages_match_sql(
     assert fast.events(snap, account, brand, q) == sql.events(snap, account, brand, q)
 
 
-def test_profile_lookups_and_events_match_sql(fast: Warehouse, sql: Warehouse) -> None:
-    snap = fast.snapshot()
+def profile_probes(sql: Warehouse, snap: Snapshot, user_ids: int, ids: int) -> list[Any]:
     rnd = random.Random(7)
-    probes = [("userId", f"u-{rnd.randrange(320)}") for _ in range(40)]
+    probes = [("userId", f"u-{rnd.randrange(360)}") for _ in range(user_ids)]
     probes += [("email", "SHARED@example.com"), ("email", "e12@X.COM"), ("email", "no@x.com")]
     probes += [
-        ("id", r[0]) for r in sql._query("select customer_id from lake.marts.customers limit 20")
+        ("id", r[0])
+        for r in sql._query(
+            f"select customer_id from lake.marts.customers AT (VERSION => {snap.version})"
+            f" order by customer_id limit {ids}"
+        )
     ]
-    probes += [("id", "nope"), ("userId", "")]
+    return [*probes, ("id", "nope"), ("userId", "")]
+
+
+def test_profile_lookups_and_events_match_sql(fast: Warehouse, sql: Warehouse) -> None:
+    snap = fast.snapshot()
+    check_profiles(fast, sql, snap, profile_probes(sql, snap, 40, 20))
+
+
+def check_profiles(fast: Warehouse, sql: Warehouse, snap: Snapshot, probes: list[Any]) -> None:
+    """Profiles by every kind of id, in every column, and the events of those customers."""
     for account in ("shop", "other"):
         for id_type, value in probes:
             for column in ("traits", "metadata", "id"):
@@ -150,7 +178,10 @@ def test_profile_lookups_and_events_match_sql(fast: Warehouse, sql: Warehouse) -
 
 
 def test_profile_list_pages_match_sql(fast: Warehouse, sql: Warehouse) -> None:
-    snap = fast.snapshot()
+    check_customer_pages(fast, sql, fast.snapshot())
+
+
+def check_customer_pages(fast: Warehouse, sql: Warehouse, snap: Snapshot) -> None:
     for account in ("shop", "other", "nope"):
         ids = [c for c, _ in sql.customer_page(snap, account, None, 0, 10_000)]
         for after in (None, "", ids[5] if ids else "x", ids[-1] if ids else "y", "0", "g"):
@@ -211,3 +242,224 @@ def test_big_builds_keep_answering_from_the_previous_index(
     assert after.version > first.version
     newest = wh.events(after, "shop", "SHOP", event_query(size=1))
     assert '"eventId"' in newest[0] and newest != before[:1]
+
+
+# --- marts changed by incremental passes: several data files, delete files ---------------------
+
+
+def event_customer(i: str) -> str:
+    """The customer number of event number i: the first 4000 events are those of build_lake,
+    later ones belong to the 40 customers (300 to 339) the incremental passes add."""
+    return f"case when {i} < 4000 then {i} % 300 else 300 + {i} % 40 end"
+
+
+def incremental_pass(paths: DataPaths, run: int, changed: str) -> int:
+    """One incremental run of the marts, as the dbt models make it: in one transaction, delete
+    the rows of the customers that changed (`changed`, a condition on customer number {c}; the
+    added customers always change, since each pass brings them new events) and insert their
+    rows as of this run. Returns the snapshot it committed."""
+
+    def changes(c: str) -> str:
+        return f"({changed.format(c=c)} or {c} >= 300)"
+
+    ids = f"select i from range(340) t(i) where {changes('i')}"
+    pairs = (
+        f"select i, c from (select i, {event_customer('i')} as c"
+        f" from range({4000 + 300 * (run - 1)}) t(i)) where {changes('c')}"
+    )
+    conn = connect(paths)
+    try:
+        conn.execute("begin")
+        for table in ("customers", "events"):
+            conn.execute(
+                f"delete from lake.marts.{table}"
+                f" where customer_id in (select md5('c' || i) from ({ids}))"
+            )
+        conn.execute("insert into lake.marts.customers " + customers_sql(ids, run))
+        conn.execute("insert into lake.marts.events " + events_sql(pairs, run))
+        conn.execute("commit")
+        return int(conn.execute("select id from lake.current_snapshot()").fetchall()[0][0])
+    finally:
+        conn.close()
+
+
+@dataclass
+class Incremental:
+    paths: DataPaths
+    versions: list[int]  # the snapshots of build_lake's run and of two incremental passes
+    indexed: list[Index | None]  # the index of each, taken right after its run
+
+
+@pytest.fixture(scope="module")
+def incremental(tmp_path_factory: pytest.TempPathFactory) -> Incremental:
+    paths = build_lake(tmp_path_factory.mktemp("incremental"))
+    conn = connect(paths)
+    # As the marts are configured: no rows or deletes inlined in the catalog.
+    conn.execute("call lake.set_option('data_inlining_row_limit', 0, schema => 'marts')")
+    versions = [int(conn.execute("select id from lake.current_snapshot()").fetchall()[0][0])]
+    conn.close()
+    live = Warehouse(paths)  # as the API sees the runs: each snapshot while it is the newest
+    indexed = [live.index(versions[0])]
+    for run, changed in ((2, "{c} % 3 = 0"), (3, "{c} % 4 = 1")):
+        versions.append(incremental_pass(paths, run, changed))
+        indexed.append(live.index(versions[-1]))
+    return Incremental(paths, versions, indexed)
+
+
+def list_files(wh: Warehouse, table: str, version: int) -> list[tuple[Any, ...]]:
+    return wh._query(
+        "select data_file, delete_file from ducklake_list_files('lake', ?, schema => 'marts',"
+        f" snapshot_version => {version})",
+        [table],
+    )
+
+
+def test_incremental_passes_are_indexed_with_their_delete_files(incremental: Incremental) -> None:
+    wh = Warehouse(incremental.paths)
+    for v in incremental.versions[1:]:
+        for table in ("customers", "events"):
+            files = list_files(wh, table, v)
+            assert len(files) > 1 and any(d for _, d in files), (table, v)
+    assert all(idx is not None for idx in incremental.indexed)
+    # The third run deleted rows of build_lake's data file again: a new delete file replaced
+    # the second run's, and with it the index.
+    keys = [idx.key for idx in incremental.indexed if idx is not None]
+    ((_, events1), (customers2, events2), (customers3, events3)) = keys
+    assert customers2 != customers3
+    (base,) = events1.paths
+    delete2, delete3 = (e.deletes[e.paths.index(base)] for e in (events2, events3))
+    assert delete2 and delete3 and delete2 != delete3
+    # The new delete file now stands for the second run too, with the third run's deletes in
+    # it: read as of the second run, it yields the second run's index again.
+    later = wh._files_of(incremental.versions[1])
+    assert later is not None and later[1].deletes[later[1].paths.index(base)] == delete3
+    assert later[1].upto == incremental.versions[1] and events3.upto is None
+    idx = wh.index(incremental.versions[1])
+    assert idx is not None
+    assert idx.events.file_rows == events2.rows and idx.customers.file_rows == customers2.rows
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["second_run", "third_run"])
+def incremental_snap(
+    request: pytest.FixtureRequest, incremental: Incremental
+) -> tuple[Warehouse, Warehouse, Snapshot]:
+    """A snapshot of an incremental run, read after all runs (as a scroll pinned to it is)."""
+    fast, sql = Warehouse(incremental.paths), Warehouse(incremental.paths, use_index=False)
+    snap = fast.snapshot(incremental.versions[request.param])
+    assert fast.index(snap) is not None
+    return fast, sql, snap
+
+
+def test_incremental_event_pages_match_sql(
+    incremental_snap: tuple[Warehouse, Warehouse, Snapshot],
+) -> None:
+    fast, sql, snap = incremental_snap
+    for account, brand in ACCOUNT_BRANDS:
+        for params in QUERIES:
+            q = event_query(**params)
+            assert fast.events(snap, account, brand, q) == sql.events(snap, account, brand, q), (
+                account,
+                brand,
+                params,
+            )
+
+
+def test_incremental_profiles_match_sql(
+    incremental_snap: tuple[Warehouse, Warehouse, Snapshot],
+) -> None:
+    fast, sql, snap = incremental_snap
+    check_profiles(fast, sql, snap, profile_probes(sql, snap, 6, 3))
+    check_customer_pages(fast, sql, snap)
+
+
+def test_deleted_rows_never_appear(incremental: Incremental) -> None:
+    fast = Warehouse(incremental.paths)
+    first, last = incremental.versions[0], incremental.versions[-1]
+    snap = fast.snapshot(last)
+    assert fast.index(snap) is not None
+
+    def gone(table: str, column: str) -> set[str]:
+        return {
+            r[0]
+            for r in fast._query(
+                f"select {column} from lake.marts.{table} AT (VERSION => {first}) except"
+                f" select {column} from lake.marts.{table} AT (VERSION => {last})"
+            )
+        }
+
+    gone_records, gone_traits = gone("events", "record"), gone("customers", "traits")
+    gone_metadata = gone("customers", "metadata")
+    assert len(gone_records) > 1000 and len(gone_traits) > 100
+    seen: list[str] = []
+    for account, brand in ACCOUNT_BRANDS:
+        for sort in ("asc", "desc"):
+            page = 0
+            while batch := fast.events(
+                snap, account, brand, event_query(sort=sort, offset=100 * page, size=100)
+            ):
+                seen += batch
+                page += 1
+    assert seen and not gone_records & set(seen)
+    customers = fast._query(
+        f"select account_id, customer_id, user_id from lake.marts.customers AT (VERSION => {first})"
+    )
+    for account, customer_id, user_id in customers:
+        for id_type, value in (("id", customer_id), ("userId", user_id)):
+            if value is None:
+                continue
+            for _, doc in fast.customers_by(snap, account, id_type, value, "traits"):
+                assert doc not in gone_traits
+            for _, doc in fast.customers_by(snap, account, id_type, value, "metadata"):
+                assert doc not in gone_metadata
+    for account in ("shop", "other"):
+        for _, doc in fast.customer_page(snap, account, None, 0, 10_000):
+            assert doc not in gone_traits
+
+
+def test_changes_inlined_in_the_catalog_turn_the_index_off(tmp_path: Path) -> None:
+    """Small deletes and inserts stay in the catalog (DuckLake's default), where no list of files
+    shows them: an index of the files would answer with deleted rows and without new ones."""
+    paths = build_lake(tmp_path, customers=50, events=500)
+    conn = connect(paths)
+    conn.execute("begin")
+    # As many rows deleted as inserted: the table's count does not change.
+    conn.execute(
+        "delete from lake.marts.events where event_id in (md5('e1'), md5('e2'), md5('e3'))"
+    )
+    conn.execute(
+        "insert into lake.marts.events "
+        + events_sql("select i, i % 50 as c from range(1, 4) t(i)", run=2)
+    )
+    conn.execute("commit")
+    conn.close()
+    fast, sql = Warehouse(paths), Warehouse(paths, use_index=False)
+    snap = fast.snapshot()
+    assert fast.index(snap) is None
+    for account, brand in ACCOUNT_BRANDS:
+        q = event_query(size=100, sort="asc")
+        assert fast.events(snap, account, brand, q) == sql.events(snap, account, brand, q)
+
+
+def test_flushed_inlined_changes_are_indexed_as_of_each_snapshot(tmp_path: Path) -> None:
+    """Flushing changes inlined in the catalog writes files with the rows (and deletes) of several
+    snapshots, which then stand for all of them: read as of each one."""
+    paths = build_lake(tmp_path, customers=50, events=500)
+    conn = connect(paths)
+    first = int(conn.execute("select id from lake.current_snapshot()").fetchall()[0][0])
+    for k in range(1, 4):
+        conn.execute(f"delete from lake.marts.events where event_id = md5('e{k}')")
+        conn.execute(
+            "insert into lake.marts.events "
+            + events_sql(f"select i, i % 50 as c from range({1000 * k}, {1000 * k + 2}) t(i)", k)
+        )
+    conn.execute("call ducklake_flush_inlined_data('lake')")
+    conn.close()
+    fast, sql = Warehouse(paths), Warehouse(paths, use_index=False)
+    for v in range(first, fast.snapshot().version + 1):
+        snap = fast.snapshot(v)
+        assert fast.index(snap) is not None, v
+        for account, brand in ACCOUNT_BRANDS:
+            q = event_query(size=100)
+            assert fast.events(snap, account, brand, q) == sql.events(snap, account, brand, q), v
+    found = fast._files_of(first + 1)
+    assert found is not None and found[1].upto == first + 1

@@ -1,0 +1,78 @@
+"""The incremental window the orchestrator passes to dbt, and where it reads it from."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+from mallard.paths import DataPaths
+from mallard.warehouse import connect
+from orchestration.load import load_new_files
+from orchestration.warehouse import ensure_warehouse
+from orchestration.window import (
+    Window,
+    current_window,
+    dbt_build_args,
+    record_unit_tests_passed,
+    unit_tests_due,
+)
+from tests.unit.orchestration.test_load import write_landing
+
+T1 = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
+T2 = datetime(2026, 1, 1, 12, 0, 0, 123457, tzinfo=UTC)
+
+
+def test_first_pass_builds_whole() -> None:
+    assert Window(None, None).dbt_args() == ["--full-refresh"]
+    args = Window(None, T1).dbt_args()
+    assert args[-1] == "--full-refresh"
+    assert json.loads(args[1]) == {"mallard__loaded_through": "2026-01-01T12:00:00.123456+00:00"}
+
+
+def test_later_passes_take_what_loaded_after_the_last_finished_one() -> None:
+    args = Window(T1, T2).dbt_args()
+    assert "--full-refresh" not in args
+    assert args[0] == "--vars"
+    # Microseconds survive: two loads can be less than a millisecond apart.
+    assert json.loads(args[1]) == {
+        "mallard__loaded_after": "2026-01-01T12:00:00.123456+00:00",
+        "mallard__loaded_through": "2026-01-01T12:00:00.123457+00:00",
+    }
+
+
+def test_window_comes_from_the_freshness_row_and_the_newest_load(tmp_path: Path) -> None:
+    paths = DataPaths(tmp_path)
+    ensure_warehouse(paths)
+    assert current_window(paths) == Window(None, None)  # nothing loaded, nothing built
+
+    write_landing(paths, 50, seed=1)
+    load_new_files(paths)
+    conn = connect(paths)
+    try:
+        row = conn.execute("select max(loaded_at) from lake.raw.messages").fetchone()
+        loaded = row[0] if row else None
+        assert current_window(paths) == Window(None, loaded)
+        # A freshness row of an older build (no loaded_through) is no finished pass either.
+        conn.execute("create table lake.marts.freshness as select now() as built_at")
+        assert current_window(paths) == Window(None, loaded)
+        conn.execute("drop table lake.marts.freshness")
+        conn.execute(
+            "create table lake.marts.freshness as select ?::timestamptz as loaded_through", [T1]
+        )
+    finally:
+        conn.close()
+    assert current_window(paths) == Window(T1, loaded)
+
+
+def test_unit_tests_run_again_only_when_the_project_changed(tmp_path: Path) -> None:
+    (tmp_path / "manifest.json").write_text('{"nodes": 1}')
+    assert unit_tests_due(tmp_path)  # never passed
+    record_unit_tests_passed(tmp_path)
+    assert not unit_tests_due(tmp_path)
+    (tmp_path / "manifest.json").write_text('{"nodes": 2}')  # the models changed: parse again
+    assert unit_tests_due(tmp_path)
+
+    window = Window(T1, T2)
+    assert dbt_build_args(window, True) == ["build", *window.dbt_args()]
+    assert dbt_build_args(window, False)[-2:] == ["--exclude-resource-type", "unit_test"]
