@@ -78,6 +78,9 @@ def ensure_warehouse(paths: DataPaths) -> None:
             "call lake.set_option('parquet_row_group_size', ?, schema => 'marts')",
             [MARTS_ROW_GROUP_ROWS],
         )
+        # Small inserts and deletes of an incremental pass would otherwise be kept in the
+        # catalog, where the read API's index cannot see them (it reads the Parquet files).
+        conn.execute("call lake.set_option('data_inlining_row_limit', 0, schema => 'marts')")
     finally:
         conn.close()
     ensure_wal_catalog(paths)
