@@ -1,4 +1,4 @@
-"""Dagster definitions by area (ingest, dbt), merged by build_definitions()."""
+"""Dagster definitions by area (ingest, dbt, maintenance), merged by build_definitions()."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import dagster as dg
 from orchestration.context import data_paths, ensure_dagster_home
 from orchestration.defs.dbt import build_dbt_assets
 from orchestration.defs.ingest import backstop_schedule, new_files_sensor, raw_messages
+from orchestration.defs.maintenance import maintenance, maintenance_schedule
 
 
 def build_definitions() -> dg.Definitions:
@@ -20,8 +21,8 @@ def build_definitions() -> dg.Definitions:
     )
     return dg.Definitions(
         assets=[raw_messages, dbt_models],
-        jobs=[pipeline],
+        jobs=[pipeline, maintenance],
         sensors=[new_files_sensor(pipeline.name)],
-        schedules=[backstop_schedule(pipeline.name)],
+        schedules=[backstop_schedule(pipeline.name), maintenance_schedule],
         resources={"dbt": dbt_resource},
     )

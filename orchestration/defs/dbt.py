@@ -13,6 +13,7 @@ import dagster as dg
 from dagster_dbt import DbtCliResource, dbt_assets
 
 from orchestration.context import DBT_DIR, data_paths, dbt_env
+from orchestration.maintenance import build_lock
 from orchestration.window import (
     current_window,
     dbt_build_args,
@@ -71,9 +72,8 @@ def build_dbt_assets() -> tuple[Any, DbtCliResource]:
     @dbt_assets(manifest=manifest, name="dbt_models")
     def dbt_models(context: dg.AssetExecutionContext, dbt: DbtCliResource) -> Iterator[Any]:
         os.environ.update(dbt_env(paths))
-        with open(paths.lake_dir / ".build.lock", "w") as lock:
-            # One dbt build at a time: two writers of the same marts would conflict on commit.
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        # One writer of the models at a time: two would conflict on commit.
+        with build_lock(paths):
             window = current_window(paths)
             unit_tests = unit_tests_due(paths.dbt_target)
             context.log.info(f"incremental window: {window}; unit tests: {unit_tests}")

@@ -1,0 +1,85 @@
+"""Maintenance after incremental passes: fewer files, no delete files, same rows, old snapshots
+and their files gone."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from mallard.paths import DataPaths
+from mallard.warehouse import connect
+from orchestration.defs.maintenance import maintenance
+from orchestration.maintenance import maintain
+from orchestration.warehouse import ensure_warehouse
+
+
+def _files(paths: DataPaths) -> list[tuple[str, str | None]]:
+    conn = connect(paths, read_only=True)
+    try:
+        return [
+            (str(r[0]), r[1])
+            for r in conn.execute(
+                "select data_file, delete_file"
+                " from ducklake_list_files('lake', 'events', schema => 'marts')"
+            ).fetchall()
+        ]
+    finally:
+        conn.close()
+
+
+def test_passes_leave_few_files_and_the_same_rows(tmp_path: Path) -> None:
+    paths = DataPaths(tmp_path)
+    ensure_warehouse(paths)
+    conn = connect(paths)
+    try:
+        conn.execute(
+            "create table lake.marts.events as"
+            " select i as event_id, i % 100 as customer_id, repeat('x', 50) as record"
+            " from range(5000) t(i)"
+        )
+        for p in range(6):  # six incremental passes: delete some customers' rows, insert anew
+            conn.execute("begin")
+            conn.execute(f"delete from lake.marts.events where customer_id % 7 = {p}")
+            conn.execute(
+                "insert into lake.marts.events"
+                f" select i, i % 100, repeat('y', 50) from range(5000) t(i) where i % 100 % 7 = {p}"
+            )
+            conn.execute("commit")
+        want = conn.execute("select * from lake.marts.events order by event_id").fetchall()
+    finally:
+        conn.close()
+    before = _files(paths)
+    assert len(before) > 2 and any(d for _, d in before)
+    on_disk = {p for p in paths.lake_data.rglob("*.parquet")}
+
+    result = maintain(paths, retention=timedelta(0))
+
+    after = _files(paths)
+    assert len(after) < len(before) and not any(d for _, d in after)
+    assert (result.files_before, result.files_after) >= (len(before), len(after))
+    assert result.snapshots_expired > 0 and result.files_deleted > 0
+    conn = connect(paths, read_only=True)
+    try:
+        assert conn.execute("select * from lake.marts.events order by event_id").fetchall() == want
+    finally:
+        conn.close()
+    # The old files are gone from disk, not only from the catalog.
+    assert {p for p in paths.lake_data.rglob("*.parquet")} < on_disk | {Path(f) for f, _ in after}
+    assert not {Path(f) for f, _ in before} - {Path(f) for f, _ in after} & set(
+        paths.lake_data.rglob("*.parquet")
+    )
+
+
+def test_the_maintenance_job_runs_in_dagster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MALLARD_DATA_DIR", str(tmp_path))
+    ensure_warehouse(DataPaths(tmp_path))
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = maintenance.execute_in_process(instance=instance)
+        assert result.success
+        logs = [e.user_message for e in instance.all_logs(result.run_id)]
+    assert any("snapshots expired" in m for m in logs), "the job reports what it did"
