@@ -28,12 +28,21 @@
 {%- endmacro %}
 
 {#
-  Per-customer incremental models recompute only the customers int_customers_changed lists. The
-  ref is taken whatever the mode, so dbt always knows the model depends on that list.
+  Per-customer models recompute only the customers int_customers_changed lists, on incremental
+  passes; a chunked first build (materialization incremental_by_customer) takes one chunk of
+  customers per statement. The ref is taken whatever the mode, so dbt always knows the model
+  depends on that list.
 #}
 {% macro where_customer_changed(col='customer_id') -%}
     {%- set changed = ref('int_customers_changed') -%}
-    {%- if is_incremental() %}
+    {%- if execute and model.config.materialized == 'incremental_by_customer' -%}
+        {%- set relation = adapter.get_relation(this.database, this.schema, this.table) -%}
+        {%- if relation is none or should_full_refresh() %}
+    where hash({{ col }}) % __customer_chunks__ = __customer_chunk__
+        {%- else %}
+    where {{ col }} in (select customer_id from {{ changed }})
+        {%- endif -%}
+    {%- elif is_incremental() %}
     where {{ col }} in (select customer_id from {{ changed }})
     {%- endif -%}
 {%- endmacro %}

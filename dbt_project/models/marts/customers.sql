@@ -2,9 +2,8 @@
 -- INTERFACE.md 2.9, with typed columns for lookups.
 {{
     config(
-        materialized='incremental',
-        incremental_strategy='replace_customers',
-        unique_key='customer_id',
+        materialized='incremental_by_customer',
+        chunks=8,
     )
 }}
 
