@@ -8,8 +8,17 @@
     )
 }}
 
+-- Only the columns used: the CTE is read three times, so DuckDB materializes it.
 with messages as (
-    select * from {{ ref('int_messages_identified') }}
+    select
+        customer_id,
+        account_id,
+        customer_user_id,
+        anonymous_id,
+        event_time,
+        type,
+        traits
+    from {{ ref('int_messages_identified') }}
     {{ where_customer_changed() }}
 ),
 

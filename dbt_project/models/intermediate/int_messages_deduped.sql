@@ -13,8 +13,10 @@
     )
 }}
 
+-- The whole message JSON stays in raw.messages (and stg_messages); the models use its parsed parts,
+-- and carrying it doubled the size of this table and int_messages_identified.
 with messages as (
-    select * from {{ ref('stg_messages') }}
+    select * exclude (message) from {{ ref('stg_messages') }}
     {% if is_incremental() -%}
         where {{ in_window('loaded_at') }}
     {%- endif %}

@@ -11,8 +11,21 @@
     )
 }}
 
+-- Only the messages and columns used: the CTE is read twice, so DuckDB materializes it.
 with messages as (
-    select * from {{ ref('int_messages_identified') }}
+    select
+        customer_id,
+        account_id,
+        event_time,
+        received_at,
+        message_id,
+        event_id,
+        type,
+        source,
+        event_action,
+        properties,
+        traits
+    from {{ ref('int_messages_identified') }}
     {{ where_customer_changed() }}
 ),
 

@@ -7,8 +7,24 @@
     )
 }}
 
+-- Only the columns used: the CTE is read three times, so DuckDB materializes it.
 with messages as (
-    select * from {{ ref('int_messages_identified') }}
+    select
+        customer_id,
+        account_id,
+        client_id,
+        customer_user_id,
+        landing_file,
+        channel,
+        event_id,
+        event_time,
+        received_at,
+        event_action,
+        type,
+        event_name,
+        context,
+        properties
+    from {{ ref('int_messages_identified') }}
     {{ where_customer_changed() }}
 ),
 
