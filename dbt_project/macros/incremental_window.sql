@@ -36,11 +36,10 @@
 {% macro where_customer_changed(col='customer_id') -%}
     {%- set changed = ref('int_customers_changed') -%}
     {%- if execute and model.config.materialized == 'incremental_by_customer' -%}
-        {%- set relation = adapter.get_relation(this.database, this.schema, this.table) -%}
-        {%- if relation is none or should_full_refresh() %}
+        {%- set relation = adapter.get_relation(this.database, this.schema, this.table) %}
     where hash({{ col }}) % __customer_chunks__ = __customer_chunk__
-        {%- else %}
-    where {{ col }} in (select customer_id from {{ changed }})
+        {%- if relation is not none and not should_full_refresh() %}
+        and {{ col }} in (select customer_id from {{ changed }})
         {%- endif -%}
     {%- elif is_incremental() %}
     where {{ col }} in (select customer_id from {{ changed }})

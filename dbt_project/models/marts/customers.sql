@@ -3,7 +3,7 @@
 {{
     config(
         materialized='incremental_by_customer',
-        chunks=8,
+        customers_per_chunk=125000,
     )
 }}
 
