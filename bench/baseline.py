@@ -8,6 +8,7 @@ It runs as its own process (like `mallard pipeline run` does), with DuckDB's def
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -103,13 +104,30 @@ def compare(data_dir: Path, out: Path) -> dict[str, tuple[tuple[int, int], tuple
         conn.close()
 
 
+# As the customers model (incremental_by_customer), and set by the same variable.
+CUSTOMERS_PER_CHUNK = int(os.environ.get("MALLARD_CUSTOMERS_PER_CHUNK", "125000"))
+
+
 def main(argv: list[str]) -> int:
     data_dir, out = Path(argv[0]).resolve(), Path(argv[1]).resolve()
-    sql = script(DataPaths(data_dir))
+    sql, rest = script(DataPaths(data_dir)).split("-- @customers", 1)
+    customers_sql = "-- @customers" + rest
     conn = duckdb.connect(str(out))
     try:
         conn.execute("set enable_progress_bar = false")
         conn.execute(sql)
+        row = conn.execute("select count(distinct customer_id) from identified").fetchone()
+        chunks = max(1, -(-int(row[0] if row else 0) // CUSTOMERS_PER_CHUNK))
+        for i in range(chunks):
+            where = f"where hash(customer_id) % {chunks} = {i}"
+            conn.execute(f"create or replace temp view identified_chunk as from identified {where}")
+            conn.execute(f"create or replace temp view traits_chunk as from traits {where}")
+            if i == 0:  # the table's shape from the first chunk's statement
+                conn.execute(
+                    customers_sql.replace("insert into customers", "create table customers as", 1)
+                )
+            else:
+                conn.execute(customers_sql)
     finally:
         conn.close()
     return 0

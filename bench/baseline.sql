@@ -189,10 +189,12 @@ select
         )
     ) as record
 from identified as i
-left join traits as t on i.customer_id = t.customer_id
-order by i.account_id, i.event_time, i.event_id;
+left join traits as t on i.customer_id = t.customer_id;
 
-create table customers as
+-- @customers: run once per chunk of customers (bench/baseline.py), reading the views
+-- identified_chunk and traits_chunk: the per-customer JSON aggregates cannot spill to disk and
+-- ran out of memory at 10M messages in one statement (as in the customers model).
+insert into customers
 with base as (
     select
         customer_id,
@@ -203,7 +205,7 @@ with base as (
         arg_min(channel, (received_at, event_id)) as created_channel,
         min(received_at) as created_time,
         max(event_time) as last_activity_time
-    from identified
+    from identified_chunk
     group by all
 ),
 
@@ -214,7 +216,7 @@ first_last_ids as (
         event_action,
         arg_min(event_id, (event_time, received_at, event_id)) as first_id,
         arg_max(event_id, (event_time, received_at, event_id)) as last_id
-    from identified
+    from identified_chunk
     group by all
 ),
 
@@ -233,7 +235,7 @@ objects as (
             'properties', properties,
             'timestamp', strftime(event_time at time zone 'UTC', '%Y-%m-%dT%H:%M:%S.%gZ')
         ) as o
-    from identified
+    from identified_chunk
     where event_id in (select first_id from first_last_ids union select last_id from first_last_ids)
 ),
 
@@ -266,7 +268,7 @@ assembled as (
         fl.first_event,
         fl.last_event
     from base as b
-    inner join traits as t on b.customer_id = t.customer_id
+    inner join traits_chunk as t on b.customer_id = t.customer_id
     inner join first_last as fl on b.customer_id = fl.customer_id
 ),
 

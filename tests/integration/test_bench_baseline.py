@@ -16,7 +16,9 @@ from tests.conftest import init_data_dir, mallard
 pytestmark = pytest.mark.integration
 
 
-def test_baseline_outputs_equal_the_marts(tmp_path: Path) -> None:
+def test_baseline_outputs_equal_the_marts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Both build the customers in several chunks, as they do at 10M messages.
+    monkeypatch.setenv("MALLARD_CUSTOMERS_PER_CHUNK", "40")
     data = tmp_path / "data"
     creds = init_data_dir(data)
     traffic = Traffic(

@@ -3,7 +3,7 @@
 {{
     config(
         materialized='incremental_by_customer',
-        customers_per_chunk=125000,
+        customers_per_chunk=env_var('MALLARD_CUSTOMERS_PER_CHUNK', '125000') | int,
     )
 }}
 
