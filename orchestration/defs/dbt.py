@@ -17,8 +17,8 @@ from orchestration.maintenance import build_lock
 from orchestration.window import (
     current_window,
     dbt_build_args,
-    record_unit_tests_passed,
-    unit_tests_due,
+    full_tests_due,
+    record_full_tests_passed,
 )
 
 
@@ -75,14 +75,14 @@ def build_dbt_assets() -> tuple[Any, DbtCliResource]:
         # One writer of the models at a time: two would conflict on commit.
         with build_lock(paths):
             window = current_window(paths)
-            unit_tests = unit_tests_due(paths.dbt_target)
-            context.log.info(f"incremental window: {window}; unit tests: {unit_tests}")
+            full_tests = full_tests_due(paths.dbt_target)
+            context.log.info(f"incremental window: {window}; every test: {full_tests}")
             # A fixed target dir keeps partial parsing warm between runs (one build at a time).
             yield from dbt.cli(
-                dbt_build_args(window, unit_tests), context=context, target_path=paths.dbt_target
+                dbt_build_args(window, full_tests), context=context, target_path=paths.dbt_target
             ).stream()
-            if unit_tests:  # reached only when dbt succeeded: a failure raises above
-                record_unit_tests_passed(paths.dbt_target)
+            if full_tests:  # reached only when dbt succeeded: a failure raises above
+                record_full_tests_passed(paths.dbt_target)
 
     resource = DbtCliResource(
         project_dir=str(DBT_DIR),

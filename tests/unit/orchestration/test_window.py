@@ -14,8 +14,8 @@ from orchestration.window import (
     Window,
     current_window,
     dbt_build_args,
-    record_unit_tests_passed,
-    unit_tests_due,
+    full_tests_due,
+    record_full_tests_passed,
 )
 from tests.unit.orchestration.test_load import write_landing
 
@@ -65,14 +65,20 @@ def test_window_comes_from_the_freshness_row_and_the_newest_load(tmp_path: Path)
     assert current_window(paths) == Window(T1, loaded)
 
 
-def test_unit_tests_run_again_only_when_the_project_changed(tmp_path: Path) -> None:
+def test_every_test_runs_again_only_when_the_project_changed(tmp_path: Path) -> None:
     (tmp_path / "manifest.json").write_text('{"nodes": 1}')
-    assert unit_tests_due(tmp_path)  # never passed
-    record_unit_tests_passed(tmp_path)
-    assert not unit_tests_due(tmp_path)
+    assert full_tests_due(tmp_path)  # never passed
+    record_full_tests_passed(tmp_path)
+    assert not full_tests_due(tmp_path)
     (tmp_path / "manifest.json").write_text('{"nodes": 2}')  # the models changed: parse again
-    assert unit_tests_due(tmp_path)
+    assert full_tests_due(tmp_path)
 
     window = Window(T1, T2)
     assert dbt_build_args(window, True) == ["build", *window.dbt_args()]
-    assert dbt_build_args(window, False)[-2:] == ["--exclude-resource-type", "unit_test"]
+    light = dbt_build_args(window, False)
+    assert light[-4:] == [
+        "--exclude-resource-type",
+        "unit_test",
+        "--exclude",
+        "path:models/intermediate,resource_type:test",
+    ]
