@@ -87,6 +87,11 @@ class Warehouse:
 
         threading.Thread(target=run, daemon=True).start()
 
+    def index_status(self) -> dict[str, Any]:
+        """For /health: the newest snapshot answered from an index (null while none is built:
+        answers then come from SQL, much slower on a big lake) and whether one is building."""
+        return {"servingSnapshot": self._serving, "building": self._builder_running}
+
     def close(self) -> None:
         with self._lock:
             if self._conn is not None:

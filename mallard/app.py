@@ -78,7 +78,12 @@ async def add_request_id(message: Message, scope: Scope) -> None:
 
 @get("/health", operation_id="health", include_in_schema=False, sync_to_thread=False)
 def health(request: Request) -> dict[str, Any]:
-    return {"status": "ok", "dataDir": str(request.app.state.paths.root)}
+    warehouse = getattr(request.app.state, "warehouse", None)
+    return {
+        "status": "ok",
+        "dataDir": str(request.app.state.paths.root),
+        "readIndex": warehouse.index_status() if warehouse is not None else None,
+    }
 
 
 def create_app(settings: Settings | None = None) -> Litestar:

@@ -7,9 +7,7 @@ because two concurrent appends would both commit.
 
 from __future__ import annotations
 
-import fcntl
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -17,6 +15,7 @@ import duckdb
 
 from mallard.paths import DataPaths
 from mallard.warehouse import connect
+from orchestration.locks import load_lock
 from orchestration.warehouse import ensure_warehouse
 
 # Bounds the memory and the length of one transaction; the rest waits for the next pass.
@@ -45,17 +44,6 @@ def landing_files(paths: DataPaths) -> list[str]:
         for p in root.glob("date=*/*.parquet")
         if not p.name.startswith(".")
     )
-
-
-@contextmanager
-def load_lock(paths: DataPaths) -> Iterator[None]:
-    paths.lake_dir.mkdir(parents=True, exist_ok=True)
-    with open(paths.lake_dir / ".load.lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def load_new_files(paths: DataPaths, *, fail_before_commit: bool = False) -> LoadResult:

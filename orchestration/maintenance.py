@@ -8,14 +8,12 @@ and the lake only grows. Runs under the build lock, so never during a dbt build.
 
 from __future__ import annotations
 
-import fcntl
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
 from mallard.paths import DataPaths
 from mallard.warehouse import connect
+from orchestration.locks import build_lock
 
 # Snapshots are kept this long: time travel for analysts, and scrollIds, which pin the snapshot
 # of their first page (an older scroll is told to start again).
@@ -39,18 +37,6 @@ class MaintenanceResult:
             f"data files {self.files_before} -> {self.files_after}, "
             f"{self.snapshots_expired} snapshots expired, {self.files_deleted} files deleted"
         )
-
-
-@contextmanager
-def build_lock(paths: DataPaths) -> Iterator[None]:
-    """One writer of the models at a time: a dbt build or maintenance."""
-    paths.lake_dir.mkdir(parents=True, exist_ok=True)
-    with open(paths.lake_dir / ".build.lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 _LIVE_FILES = """

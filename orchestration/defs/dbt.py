@@ -13,7 +13,7 @@ import dagster as dg
 from dagster_dbt import DbtCliResource, dbt_assets
 
 from orchestration.context import DBT_DIR, data_paths, dbt_env
-from orchestration.maintenance import build_lock
+from orchestration.locks import build_lock
 from orchestration.window import (
     current_window,
     dbt_build_args,

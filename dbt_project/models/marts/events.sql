@@ -1,6 +1,7 @@
 -- One row per deduplicated message of a served customer (grain: event_id), in the shape of the
--- event record of INTERFACE.md 2.8 (`record`), with typed columns for filtering. Not sorted: the
--- read API indexes the rows in its own order, and sorting 10M records took ~30 s of a full build.
+-- event record of INTERFACE.md 2.8 (`record`), with typed columns for filtering. Written in the
+-- order pages list events, so a page's records share a few Parquet row groups: unsorted, a page of
+-- the read API read ~100 row groups (p50 61 ms vs ~4 ms at 10M events).
 {{
     config(
         materialized='incremental',
@@ -80,6 +81,7 @@ final as (
         ) as record
     from served
     left join traits on served.customer_id = traits.customer_id
+    order by served.account_id, served.brand_id, served.event_time, served.event_id
 )
 
 select * from final
