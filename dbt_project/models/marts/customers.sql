@@ -172,7 +172,10 @@ final as (
         created_time,
         last_activity_time
     from traits_objects
-    order by account_id, user_id, customer_id
+    -- Not by user_id: anonymous customers' null user_ids would fill whole row groups, and
+    -- DuckLake (1.5.5) then records no min/max for the file's user_id and prunes that file from
+    -- every `where user_id = ...` once another file has stats (customers silently not found).
+    order by account_id, customer_id
 )
 
 select * from final
