@@ -88,9 +88,22 @@ class Warehouse:
         threading.Thread(target=run, daemon=True).start()
 
     def index_status(self) -> dict[str, Any]:
-        """For /health: the newest snapshot answered from an index (null while none is built:
-        answers then come from SQL, much slower on a big lake) and whether one is building."""
-        return {"servingSnapshot": self._serving, "building": self._builder_running}
+        """For /health: the current snapshot, whether its answers come from the in-memory index
+        (else from SQL on the lake, much slower on a big lake: the index is being built, in the
+        background, or cannot be), and the newest snapshot answered from an index."""
+        version: int | None = None
+        indexed = False
+        try:
+            version = self._current_version()
+            indexed = self.index(version) is not None  # starts a build if none is under way
+        except Exception:  # no lake or marts yet
+            log.debug("no read index status", exc_info=True)
+        return {
+            "snapshot": version,
+            "indexed": indexed,
+            "servingSnapshot": self._serving,
+            "building": self._builder_running,
+        }
 
     def close(self) -> None:
         with self._lock:

@@ -77,7 +77,7 @@ def wait_for_index(server: Server, timeout: float = 900) -> float:
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < timeout:
         status = httpx.get(f"{server.url}/health", timeout=10).json().get("readIndex") or {}
-        if status.get("servingSnapshot") is not None:
+        if status.get("indexed"):
             return time.perf_counter() - t0
         time.sleep(0.5)
     raise AssertionError(f"the read index was not built within {timeout:.0f} s")

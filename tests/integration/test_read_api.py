@@ -235,6 +235,14 @@ def event_ids(body: dict[str, Any]) -> list[str]:
 # --- events list (4.3) ----------------------------------------------------------------------
 
 
+def test_health_says_whether_answers_come_from_the_read_index(api: Checked, lake: Lake) -> None:
+    ok(get(api, lake, "events/", size=1))  # a read of the current snapshot
+    status = httpx.get(f"{lake.server.url}/health", timeout=10).json()["readIndex"]
+    current = get(api, lake, "events/", size=1).headers["x-mallard-snapshot"]
+    assert status["indexed"] is True and str(status["snapshot"]) == current
+    assert status["servingSnapshot"] == status["snapshot"] and status["building"] is False
+
+
 def test_events_default_newest_first_page_of_100(api: Checked, lake: Lake) -> None:
     body = ok(get(api, lake, "events/"))
     assert set(body) == {"data"}
