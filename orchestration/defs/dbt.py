@@ -24,7 +24,7 @@ from orchestration.window import (
 
 def _newest_source_mtime() -> float:
     files = [DBT_DIR / "dbt_project.yml", DBT_DIR / "profiles.yml"]
-    for sub in ("models", "macros", "tests"):
+    for sub in ("models", "macros", "materializations", "tests"):
         files += [p for p in (DBT_DIR / sub).rglob("*") if p.is_file()]
     return max(p.stat().st_mtime for p in files if p.exists())
 

@@ -18,7 +18,7 @@
 with messages as (
     select * exclude (message) from {{ ref('stg_messages') }}
     {% if is_incremental() -%}
-        where {{ in_window('loaded_at') }}
+    where {{ in_window('loaded_at') }}
     {%- endif %}
 ),
 

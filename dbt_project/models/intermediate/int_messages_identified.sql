@@ -78,22 +78,22 @@ attributed as (
 final as (
     select
         attributed.*,
+        -- Rewritten twice before a pass finishes: keep the customer of the finished pass.
         {% if is_incremental() -%}
-            -- Rewritten twice before a pass finishes: keep the customer of the finished pass.
-            case
-                when {{ in_window('stored.pass_through') }} then stored.previous_customer_id
-                else stored.customer_id
-            end
+        case
+            when {{ in_window('stored.pass_through') }} then stored.previous_customer_id
+            else stored.customer_id
+        end
         {%- else -%}
-            cast(null as varchar)
+        cast(null as varchar)
         {%- endif %} as previous_customer_id,
         {{ pass_through() }} as pass_through
     from attributed
     {% if is_incremental() -%}
-        left join {{ this }} as stored
-            on
-                attributed.account_id = stored.account_id
-                and attributed.message_id = stored.message_id
+    left join {{ this }} as stored
+        on
+            attributed.account_id = stored.account_id
+            and attributed.message_id = stored.message_id
     {%- endif %}
 )
 
