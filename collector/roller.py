@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
+import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -103,6 +105,19 @@ def _warm() -> None:
     """Runs in the worker at start, so the first roll does not pay for imports."""
 
 
+def _exit_with(parent: int) -> None:
+    """Worker initializer: exit once the server that started it is gone. A worker waiting for
+    work never notices a SIGKILLed server by itself and lived on as an orphan (one per crash,
+    seen in the crash tests); a roll it was doing stays in the log for the next recovery."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-server").start()
+
+
 class Roller:
     """Lands segments as the log seals them, in a separate process.
 
@@ -119,7 +134,10 @@ class Roller:
 
     def start(self) -> None:
         self._pool = ProcessPoolExecutor(
-            max_workers=1, mp_context=multiprocessing.get_context("spawn")
+            max_workers=1,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_exit_with,
+            initargs=(os.getpid(),),
         )
         self._pool.submit(_warm)
 

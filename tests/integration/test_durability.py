@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -69,6 +70,21 @@ def test_sigterm_drains_and_lands_everything(server: Server) -> None:
     assert segments(server.data_dir) == []  # everything rolled before exit
 
 
+def _children(pid: int) -> set[int]:
+    out: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            out |= {int(c) for c in (task / "children").read_text().split()}
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def test_sigkill_under_load_loses_nothing_acknowledged(tmp_path: Path) -> None:
     d = tmp_path / "data"
     server = Server(
@@ -84,10 +100,18 @@ def test_sigkill_under_load_loses_nothing_acknowledged(tmp_path: Path) -> None:
         stop = threading.Event()
         threads = load(server, stop, acked)
         time.sleep(0.8 + 0.3 * round_)
+        assert server.proc is not None
+        children = _children(server.proc.pid)
+        assert children, "the roller runs in its own process"
         server.kill()
         stop.set()
         for t in threads:
             t.join()
+        # The killed server's roller does not live on as an orphan.
+        deadline = time.monotonic() + 10
+        while any(_alive(c) for c in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(c) for c in children), "an orphaned roller outlived its server"
     # A last clean start recovers whatever the kills left in the log, then drains.
     server.port = free_port()
     server.start()
