@@ -131,14 +131,14 @@ def main(argv: list[str] | None = None) -> int:
     def get(path: str) -> bytes:
         return build_request(HOST, server.port, f"{server.base_path}/{path}", b"", hdr, "GET")
 
-    check_answers(server, users[0], event_queries(lake)[0])
-    index_s = wait_for_index(server)
-    print(f"read index ready after {index_s:.1f} s", flush=True)
-    traits = [("traits", get(f"profiles/userId:{u}/traits")) for u in users]
-    pages = [("events", get(f"events/?{q}")) for q in event_queries(lake)]
-    mixed = [x for i, t in enumerate(traits) for x in (t, pages[i % len(pages)])]
     pipeline: subprocess.Popen[bytes] | None = None
-    try:
+    try:  # the server is stopped whatever fails, the first checks included
+        check_answers(server, users[0], event_queries(lake)[0])
+        index_s = wait_for_index(server)
+        print(f"read index ready after {index_s:.1f} s", flush=True)
+        traits = [("traits", get(f"profiles/userId:{u}/traits")) for u in users]
+        pages = [("events", get(f"events/?{q}")) for q in event_queries(lake)]
+        mixed = [x for i, t in enumerate(traits) for x in (t, pages[i % len(pages)])]
         run(labeled_closed_loop(HOST, server.port, mixed, conns, 3.0))  # warm caches
         idle_traits = run(labeled_closed_loop(HOST, server.port, traits, conns, seconds, limit))
         print_line("traits by userId, idle", idle_traits["traits"])
