@@ -52,10 +52,14 @@
   rows, so a customer that is gone (a visitor now attributed to the user it identified as) leaves
   no rows behind.
 #}
+{% macro delete_changed_customers(relation) -%}
+    delete from {{ relation }}
+    where customer_id in (select customer_id from {{ ref('int_customers_changed') }})
+{%- endmacro %}
+
 {% macro get_incremental_replace_customers_sql(arg_dict) -%}
     {%- set cols = get_quoted_csv(arg_dict['dest_columns'] | map(attribute='name')) -%}
-    delete from {{ arg_dict['target_relation'] }}
-    where customer_id in (select customer_id from {{ ref('int_customers_changed') }});
+    {{ delete_changed_customers(arg_dict['target_relation']) }};
     insert into {{ arg_dict['target_relation'] }} ({{ cols }})
     select {{ cols }} from {{ arg_dict['temp_relation'] }}
 {%- endmacro %}

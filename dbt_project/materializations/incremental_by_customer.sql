@@ -33,7 +33,7 @@
         {{ drop_relation_if_exists(load_cached_relation(backup)) }}
     {%- else -%}
         {%- call statement('delete_changed') -%}
-            delete from {{ target }} where customer_id in (select customer_id from {{ changed }})
+            {{ delete_changed_customers(target) }}
         {%- endcall -%}
     {%- endif -%}
     {%- for i in range(chunks) -%}
