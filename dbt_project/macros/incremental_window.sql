@@ -1,17 +1,23 @@
 {#
-  The incremental window of a pipeline pass. The orchestrator passes `mallard__loaded_after`:
-  the `loaded_through` of the last pass that finished (lake.marts.freshness), so a pass takes
-  every message loaded after it. A pass that fails leaves it where it was, and the next pass takes
-  the failed pass's messages again (every incremental model is idempotent for a message seen
-  twice). Without the var, an incremental model takes everything: plain `dbt build` stays correct.
+  The incremental window of a pipeline pass. The orchestrator passes MALLARD_LOADED_AFTER: the
+  `loaded_through` of the last pass that finished (lake.marts.freshness), so a pass takes every
+  message loaded after it. A pass that fails leaves it where it was, and the next pass takes the
+  failed pass's messages again (every incremental model is idempotent for a message seen twice).
+  Without it, an incremental model takes everything: plain `dbt build` stays correct.
+  Environment variables read only while models run (`execute`), not `--vars`: dbt re-parses the
+  whole project whenever its vars change, and records for partial parsing only the environment
+  variables read while parsing.
 #}
 {% macro loaded_after() -%}
-    {{ return(var('mallard__loaded_after', none)) }}
+    {%- if execute -%}
+        {{ return(env_var('MALLARD_LOADED_AFTER', '') or none) }}
+    {%- endif -%}
+    {{ return(none) }}
 {%- endmacro %}
 
 {# The end of this pass's window (max loaded_at when the pass began), as a SQL timestamptz. #}
 {% macro pass_through() -%}
-    {%- set through = var('mallard__loaded_through', none) -%}
+    {%- set through = env_var('MALLARD_LOADED_THROUGH', '') if execute else '' -%}
     {%- if through -%}
         '{{ through }}'::timestamptz
     {%- else -%}
@@ -28,21 +34,82 @@
 {%- endmacro %}
 
 {#
-  Per-customer models recompute only the customers int_customers_changed lists, on incremental
-  passes; a chunked first build (materialization incremental_by_customer) takes one chunk of
-  customers per statement. The ref is taken whatever the mode, so dbt always knows the model
-  depends on that list.
+  Incremental passes merge instead of recomputing. A per-customer model keeps, per customer, the
+  state its answer is folded from (winners with their ordering keys, min and max times), and a
+  pass folds into the stored state of each changed customer only the messages the pass rewrote
+  (`pass_through` in the window: new, or attributed again). Folding a message in twice changes
+  nothing. A customer that lost a message (to another customer, or to an earlier-received copy)
+  cannot be folded (a winner may be gone): it is rebuilt from all its messages
+  (int_customers_changed.rebuild), as is every customer on a first build.
+
+  merging(): whether this model run folds into stored state (an incremental pass), rather than
+  building whole.
 #}
+{% macro merging() -%}
+    {%- if not execute -%}
+        {{ return(false) }}
+    {%- elif model.config.materialized == 'incremental_by_customer' -%}
+        {%- set relation = adapter.get_relation(this.database, this.schema, this.table) -%}
+        {{ return(relation is not none and not should_full_refresh()) }}
+    {%- else -%}
+        {{ return(is_incremental()) }}
+    {%- endif -%}
+{%- endmacro %}
+
+{#
+  The rows of a message-grain input (int_messages_identified, int_trait_history,
+  int_preference_changes) a pass folds in: those of the messages it rewrote, and every row of the
+  customers it rebuilds. Also a chunk of customers for incremental_by_customer. The ref is taken
+  whatever the mode, so dbt always knows the model depends on the list of changed customers.
+#}
+{% macro where_merge_input(col='customer_id') -%}
+    {%- set changed = ref('int_customers_changed') %}
+    where {{ customer_chunk(col) }}
+    {%- if merging() %}
+        and (
+            {{ in_window('pass_through') }}
+            or {{ col }} in (select customer_id from {{ changed }} where rebuild)
+        )
+    {%- endif -%}
+{%- endmacro %}
+
+{#
+  The stored rows of a per-customer model (or of a per-customer input it reads) for the customers
+  a pass folds into; none on a build from scratch.
+#}
+{% macro where_stored_merged(col='customer_id') -%}
+    {%- set changed = ref('int_customers_changed') %}
+    where {{ customer_chunk(col) }}
+    {%- if merging() %}
+        and {{ col }} in (select customer_id from {{ changed }} where not rebuild)
+    {%- else %}
+        and false
+    {%- endif -%}
+{%- endmacro %}
+
+{# The messages a pass rewrote, for models with rows per message (strategy replace_messages). #}
+{% macro where_rewritten() -%}
+    where {% if is_incremental() %}{{ in_window('pass_through') }}{% else %}true{% endif %}
+{%- endmacro %}
+
+{# The rows of a per-customer input for every customer a pass changes (all on a full build). #}
 {% macro where_customer_changed(col='customer_id') -%}
-    {%- set changed = ref('int_customers_changed') -%}
-    {%- if execute and model.config.materialized == 'incremental_by_customer' -%}
-        {%- set relation = adapter.get_relation(this.database, this.schema, this.table) %}
-    where hash({{ col }}) % __customer_chunks__ = __customer_chunk__
-        {%- if relation is not none and not should_full_refresh() %}
+    {%- set changed = ref('int_customers_changed') %}
+    where {{ customer_chunk(col) }}
+    {%- if merging() %}
         and {{ col }} in (select customer_id from {{ changed }})
-        {%- endif -%}
-    {%- elif is_incremental() %}
-    where {{ col }} in (select customer_id from {{ changed }})
+    {%- endif -%}
+{%- endmacro %}
+
+{#
+  incremental_by_customer runs the model once per chunk of customers, replacing the placeholders;
+  other materializations take every customer at once.
+#}
+{% macro customer_chunk(col) -%}
+    {%- if execute and model.config.materialized == 'incremental_by_customer' -%}
+        hash({{ col }}) % __customer_chunks__ = __customer_chunk__
+    {%- else -%}
+        true
     {%- endif -%}
 {%- endmacro %}
 
@@ -62,4 +129,30 @@
     {{ delete_changed_customers(arg_dict['target_relation']) }};
     insert into {{ arg_dict['target_relation'] }} ({{ cols }})
     select {{ cols }} from {{ arg_dict['temp_relation'] }}
+{%- endmacro %}
+
+{#
+  Incremental strategy `replace_messages`, for models with rows per message: delete the rows of
+  every message the pass rewrote (its copy or its customer may have changed), then insert the
+  rows the model computed for them. A model whose rows also carry the customer's email (events)
+  sets `replace_email_changed`: the rows of every customer whose email changed are replaced too.
+#}
+{% macro get_incremental_replace_messages_sql(arg_dict) -%}
+    {%- set cols = get_quoted_csv(arg_dict['dest_columns'] | map(attribute='name')) -%}
+    delete from {{ arg_dict['target_relation'] }}
+    where (account_id, message_id) in (
+        select (account_id, message_id) from {{ ref('int_messages_identified') }}
+        where {{ in_window('pass_through') }}
+    )
+    {%- if config.get('replace_email_changed') %}
+    or customer_id in ({{ email_changed_customers() }})
+    {%- endif -%};
+    insert into {{ arg_dict['target_relation'] }} ({{ cols }})
+    select {{ cols }} from {{ arg_dict['temp_relation'] }}
+{%- endmacro %}
+
+{# The customers whose email a pass changed (int_customer_traits.email_changed_at). #}
+{% macro email_changed_customers() -%}
+    select customer_id from {{ ref('int_customer_traits') }}
+    where {{ in_window('email_changed_at') }}
 {%- endmacro %}

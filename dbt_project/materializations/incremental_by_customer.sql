@@ -6,9 +6,10 @@
   with `where_customer_changed()`), at most `customers_per_chunk` customers a chunk:
   - first build or --full-refresh: every customer, into a new table that replaces the old one
     at commit;
-  - later passes: the changed customers' rows are deleted, then rebuilt (as the
-    `replace_customers` strategy of the incremental models does); usually one chunk, more when a
-    pass changes many customers (a backfill, a plain `dbt build` without a window).
+  - later passes: the changed customers' rows are computed (folding into their stored rows),
+    then the stored rows deleted and the new ones inserted (as the `replace_customers` strategy
+    of the incremental models does); usually one chunk, more when a pass changes many customers
+    (a backfill, a plain `dbt build` without a window).
 #}
 {% materialization incremental_by_customer, adapter='duckdb' %}
     {%- set target = this.incorporate(type='table') -%}
@@ -26,33 +27,42 @@
     {{ log(this ~ ': ' ~ customers ~ ' customers in ' ~ chunks ~ ' chunks') }}
     {{ run_hooks(pre_hooks, inside_transaction=False) }}
     {{ run_hooks(pre_hooks, inside_transaction=True) }}
-    {%- set build = make_intermediate_relation(target) if full else target -%}
-    {%- set backup = make_backup_relation(target, 'table') -%}
+    {#- Incrementally the chunks go to a staging table first: the model reads its own stored
+        rows (the state it folds into), so they are deleted only after every chunk ran. -#}
     {%- if full -%}
+        {%- set build = make_intermediate_relation(target) -%}
+        {%- set backup = make_backup_relation(target, 'table') -%}
         {{ drop_relation_if_exists(load_cached_relation(build)) }}
         {{ drop_relation_if_exists(load_cached_relation(backup)) }}
     {%- else -%}
-        {%- call statement('delete_changed') -%}
-            {{ delete_changed_customers(target) }}
-        {%- endcall -%}
+        {%- set build = 'temp.main."' ~ target.identifier ~ '__merge"' -%}
     {%- endif -%}
     {%- for i in range(chunks) -%}
         {%- set sql = compiled_code
             | replace('__customer_chunks__', chunks | string)
             | replace('__customer_chunk__', i | string) -%}
-        {%- call statement('main' if loop.last else 'chunk_' ~ i) -%}
-            {%- if full and loop.first %}
-            create table {{ build }} as select * from ({{ sql }})
+        {%- call statement('chunk_' ~ i) -%}
+            {%- if loop.first %}
+            create {{ 'table' if full else 'or replace temp table' }} {{ build }} as select * from ({{ sql }})
             {%- else %}
             insert into {{ build }} by name select * from ({{ sql }})
             {%- endif %}
         {%- endcall -%}
     {%- endfor -%}
     {%- if full -%}
+        {%- call statement('main') -%}
+            select 1
+        {%- endcall -%}
         {%- if existing is not none -%}
             {{ adapter.rename_relation(existing, backup) }}
         {%- endif -%}
         {{ adapter.rename_relation(build, target) }}
+    {%- else -%}
+        {%- call statement('main') -%}
+            {{ delete_changed_customers(target) }};
+            insert into {{ target }} by name select * from {{ build }};
+            drop table {{ build }}
+        {%- endcall -%}
     {%- endif -%}
     {{ run_hooks(post_hooks, inside_transaction=True) }}
     {{ adapter.commit() }}

@@ -77,6 +77,7 @@ def build_dbt_assets() -> tuple[Any, DbtCliResource]:
             window = current_window(paths)
             full_tests = full_tests_due(paths.dbt_target)
             context.log.info(f"incremental window: {window}; every test: {full_tests}")
+            os.environ.update(window.dbt_env())
             # A fixed target dir keeps partial parsing warm between runs (one build at a time).
             yield from dbt.cli(
                 dbt_build_args(window, full_tests), context=context, target_path=paths.dbt_target

@@ -1,5 +1,6 @@
 -- One row per (customer, identifier): every userId, anonymousId and email a customer has been
--- seen with, with first and last seen times.
+-- seen with, with first and last seen times. Incremental passes fold the rewritten messages into
+-- the stored rows (min and max).
 {{
     config(
         materialized='incremental',
@@ -19,7 +20,7 @@ with messages as (
         type,
         traits
     from {{ ref('int_messages_identified') }}
-    {{ where_customer_changed() }}
+    {{ where_merge_input() }}
 ),
 
 identifiers as (
@@ -51,15 +52,38 @@ identifiers as (
     where type = 'identify' and json_extract_string(traits, '$.email') is not null
 ),
 
+seen as (
+    select
+        customer_id,
+        account_id,
+        id_type,
+        id_value,
+        event_time as first_seen,
+        event_time as last_seen
+    from identifiers
+    {% if merging() -%}
+    union all
+    select
+        customer_id,
+        account_id,
+        id_type,
+        id_value,
+        first_seen,
+        last_seen
+    from {{ this }}
+    {{ where_stored_merged() }}
+    {%- endif %}
+),
+
 final as (
     select
         customer_id,
         account_id,
         id_type,
         id_value,
-        min(event_time) as first_seen,
-        max(event_time) as last_seen
-    from identifiers
+        min(first_seen) as first_seen,
+        max(last_seen) as last_seen
+    from seen
     group by all
 )
 

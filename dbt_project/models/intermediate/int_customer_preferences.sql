@@ -3,6 +3,8 @@
 -- (ties: later receipt, then messageId), whether it came by the preferences endpoint or by an
 -- identify trait. Only keys ever set appear: defaults (channels opt-in, categories opt-out)
 -- are applied against the brand's configured choices where those are known (the API).
+-- Incremental passes fold the rewritten messages into the stored home brand and first anonymousId
+-- (with the keys they won by); the changes, few, are read whole per changed customer.
 {{
     config(
         materialized='incremental',
@@ -12,8 +14,15 @@
 }}
 
 with messages as (
-    select * from {{ ref('int_messages_identified') }}
-    {{ where_customer_changed() }}
+    select
+        customer_id,
+        account_id,
+        brand_id,
+        anonymous_id,
+        received_at,
+        event_id
+    from {{ ref('int_messages_identified') }}
+    {{ where_merge_input() }}
 ),
 
 changes as (
@@ -21,16 +30,46 @@ changes as (
     {{ where_customer_changed() }}
 ),
 
-customers as (
+firsts as (
     select
         customer_id,
         account_id,
         -- The brand a customer was first seen in: whose writeKey and choices its page shows.
         arg_min(brand_id, (received_at, event_id)) as home_brand_id,
+        min(struct_pack(received_at, event_id)) as home_key,
         arg_min(anonymous_id, (received_at, event_id)) filter (
             where anonymous_id is not null
-        ) as anonymous_id
+        ) as anonymous_id,
+        min(struct_pack(received_at, event_id)) filter (
+            where anonymous_id is not null
+        ) as anonymous_key
     from messages
+    group by customer_id, account_id
+    {% if merging() -%}
+    union all
+    select
+        customer_id,
+        account_id,
+        home_brand_id,
+        home_key,
+        anonymous_id,
+        anonymous_key
+    from {{ this }}
+    {{ where_stored_merged() }}
+    {%- endif %}
+),
+
+customers as (
+    select
+        customer_id,
+        account_id,
+        arg_min(home_brand_id, home_key) as home_brand_id,
+        min(home_key) as home_key,
+        arg_min(anonymous_id, anonymous_key) filter (
+            where anonymous_id is not null
+        ) as anonymous_id,
+        min(anonymous_key) as anonymous_key
+    from firsts
     group by customer_id, account_id
 ),
 
@@ -86,7 +125,9 @@ final as (
         customers.customer_id,
         customers.account_id,
         customers.home_brand_id,
+        customers.home_key,
         customers.anonymous_id,
+        customers.anonymous_key,
         json_object(
             'channels', coalesce(per_customer.channels, '[]'::json),
             'categories', coalesce(per_customer.categories, '[]'::json),

@@ -1,9 +1,10 @@
 -- One row per customer: the current traits object (INTERFACE.md 2.5). Per top-level key the value
--- with the latest event time wins (ties: later receipt, then messageId), whatever order messages
--- arrived in; objects and arrays are replaced whole. `name` is filled from firstName/lastName
--- when absent or null. `campaign` is the context campaign of the customer's first message by
--- event time (first recognition, as a visitor or known; a visitor's messages belong to the
--- customer it became), unless an identify sets `campaign` itself.
+-- with the latest event time wins (int_trait_latest); objects and arrays are replaced whole.
+-- `name` is filled from firstName/lastName when absent or null. `campaign` is the context
+-- campaign of the customer's first message by event time (first recognition, as a visitor or
+-- known; a visitor's messages belong to the customer it became), unless an identify sets
+-- `campaign` itself. The first message's keys are kept to fold later passes' messages in;
+-- `email_changed_at` is the window end of the pass that last changed the email (events carry it).
 {{
     config(
         materialized='incremental',
@@ -12,23 +13,35 @@
     )
 }}
 
-with history as (
-    select * from {{ ref('int_trait_history') }}
+with latest as (
+    select
+        customer_id,
+        trait_key,
+        trait_value
+    from {{ ref('int_trait_latest') }}
     {{ where_customer_changed() }}
 ),
 
 messages as (
-    select * from {{ ref('int_messages_identified') }}
-    {{ where_customer_changed() }}
-),
-
-latest as (
     select
         customer_id,
-        trait_key,
-        arg_max(trait_value, (event_time, received_at, message_id)) as trait_value
-    from history
-    group by customer_id, trait_key
+        event_time,
+        received_at,
+        message_id,
+        context -> '$.campaign' as campaign
+    from {{ ref('int_messages_identified') }}
+    {{ where_merge_input() }}
+    {% if merging() -%}
+    union all
+    select
+        customer_id,
+        first_event_time as event_time,
+        first_received_at as received_at,
+        first_message_id as message_id,
+        first_campaign as campaign
+    from {{ this }}
+    {{ where_stored_merged() }}
+    {%- endif %}
 ),
 
 name_parts as (
@@ -46,7 +59,10 @@ name_parts as (
 first_recognition as (
     select
         customer_id,
-        arg_min_null(context -> '$.campaign', (event_time, received_at, message_id)) as campaign
+        arg_min_null(campaign, (event_time, received_at, message_id)) as campaign,
+        min(event_time) as first_event_time,
+        arg_min(received_at, (event_time, received_at, message_id)) as first_received_at,
+        arg_min(message_id, (event_time, received_at, message_id)) as first_message_id
     from messages
     group by customer_id
 ),
@@ -94,12 +110,44 @@ objects as (
     group by customer_id
 ),
 
-final as (
+built as (
     select
         first_recognition.customer_id,
-        coalesce(objects.traits, '{}'::json) as traits
+        coalesce(objects.traits, '{}'::json) as traits,
+        first_recognition.first_event_time,
+        first_recognition.first_received_at,
+        first_recognition.first_message_id,
+        first_recognition.campaign as first_campaign
     from first_recognition
     left join objects on first_recognition.customer_id = objects.customer_id
+),
+
+final as (
+    select
+        built.*,
+        built.traits ->> '$.email' as email,
+        {% if merging() -%}
+        -- Changed by an unfinished pass and not since: still changed for this window.
+        case
+            when (built.traits ->> '$.email') is distinct from stored.email
+                then {{ pass_through() }}
+            else stored.email_changed_at
+        end
+        {%- else -%}
+        cast(null as timestamptz)
+        {%- endif %} as email_changed_at
+    from built
+    {% if merging() -%}
+    left join (
+        select
+            customer_id,
+            email,
+            email_changed_at
+        from {{ this }}
+        {{ where_customer_changed() }}
+    ) as stored
+        on built.customer_id = stored.customer_id
+    {%- endif %}
 )
 
 select * from final

@@ -4,7 +4,8 @@
 -- along (30 s vs 19 s for 1M messages).
 -- Incrementally, a newly loaded copy is kept only if no stored winner of its key came first;
 -- delete+insert on the key then replaces a stored winner that a copy loaded later beats (two
--- collectors land files out of receipt order).
+-- collectors land files out of receipt order); `replaces_stored` marks that, and the customer
+-- the replaced copy counted for is rebuilt rather than merged (int_customers_changed).
 {{
     config(
         materialized='incremental',
@@ -49,7 +50,9 @@ stored as (
 -- A copy already stored (this one again, or an earlier receipt) wins over the new one. The
 -- comparison stays out of the join condition: in it, DuckDB planned a nested-loop join.
 final as (
-    select candidates.*
+    select
+        candidates.*,
+        stored.event_id is not null as replaces_stored
     from candidates
     left join stored
         on candidates.account_id = stored.account_id and candidates.message_id = stored.message_id
@@ -60,7 +63,10 @@ final as (
 )
 {% else %}
 final as (
-    select * from candidates
+    select
+        *,
+        false as replaces_stored
+    from candidates
 )
 {% endif %}
 

@@ -1,8 +1,8 @@
 -- One row per deduplicated message, attributed to its customer: its userId, else the userId its
 -- anonymousId was (ever, before or after) identified with, else the anonymous visitor itself.
 -- Incrementally, a pass attributes the messages loaded since the last pass, and again the
--- anonymous messages of every anonymousId those messages pair with a userId (a first or an
--- earlier identify moves them). `previous_customer_id` keeps whom a rewritten message belonged
+-- anonymous messages of every anonymousId whose userId the pass changed (int_identity_map
+-- `changed_at`: a first identify, or an earlier one, moves them). `previous_customer_id` keeps whom a rewritten message belonged
 -- to at the last finished pass, so int_customers_changed can rebuild the customer it left;
 -- `pass_through` is the window end of the pass that wrote the row.
 {{
@@ -28,11 +28,11 @@ loaded as (
 ),
 
 paired as (
-    select distinct
+    select
         account_id,
         anonymous_id
-    from loaded
-    where anonymous_id is not null and user_id is not null
+    from identity_map
+    where {{ in_window('changed_at') }}
 ),
 
 messages as (

@@ -2,12 +2,13 @@
 -- set by a preferences update (track `preferences_updated` / `unsubscribed` written by the
 -- preferences endpoint, source `preferences`) or by an identify trait `marketingPreferences`.
 -- int_customer_preferences picks the latest change per key by event time from these rows,
--- whichever path a change came by.
+-- whichever path a change came by. Incrementally, the rows of the messages a pass rewrote are
+-- replaced.
 {{
     config(
         materialized='incremental',
-        incremental_strategy='replace_customers',
-        unique_key='customer_id',
+        incremental_strategy='replace_messages',
+        unique_key=['account_id', 'message_id'],
     )
 }}
 
@@ -24,9 +25,12 @@ with messages as (
         source,
         event_action,
         properties,
-        traits
+        traits,
+        pass_through
     from {{ ref('int_messages_identified') }}
-    {{ where_customer_changed() }}
+    {{ where_rewritten() }}
+    -- Only the messages that can carry a change: a cheap filter before the JSON is read.
+    and type in ('track', 'identify')
 ),
 
 updates as (
@@ -201,12 +205,20 @@ identify_changes as (
     where json_type(prefs -> '$.unsubscribeAll') = 'BOOLEAN'
 ),
 
-final as (
+changes as (
     select * from update_changes
     where pref_key is not null
     union all by name
     select * from identify_changes
     where pref_key is not null
+),
+
+final as (
+    select
+        changes.*,
+        messages.pass_through
+    from changes
+    inner join messages on changes.event_id = messages.event_id
 )
 
 select * from final

@@ -1,16 +1,17 @@
 -- One row per (identify message, top-level trait key): the history every trait value comes
--- from, so a profile can be read as of any time.
+-- from, so a profile can be read as of any time. Incrementally, the rows of the messages a pass
+-- rewrote are replaced (`pass_through`: the pass that wrote them).
 {{
     config(
         materialized='incremental',
-        incremental_strategy='replace_customers',
-        unique_key='customer_id',
+        incremental_strategy='replace_messages',
+        unique_key=['account_id', 'message_id'],
     )
 }}
 
 with messages as (
     select * from {{ ref('int_messages_identified') }}
-    {{ where_customer_changed() }}
+    {{ where_rewritten() }}
 ),
 
 identifies as (
@@ -26,6 +27,7 @@ keys as (
         message_id,
         event_time,
         received_at,
+        pass_through,
         traits,
         unnest(json_keys(traits)) as trait_key
     from identifies
@@ -40,7 +42,8 @@ final as (
         event_time,
         received_at,
         message_id,
-        event_id
+        event_id,
+        pass_through
     from keys
 )
 

@@ -7,7 +7,12 @@
     )
 }}
 
--- Only the columns used: the CTE is read three times, so DuckDB materializes it.
+-- Incremental passes fold the messages a pass rewrote into each changed customer's stored row
+-- (see merging() in macros/incremental_window.sql): created and last activity by min and max,
+-- firstEvent/lastEvent from the winners of int_customer_event_winners, whose objects are built
+-- from the rewritten messages or, for an unchanged winner, taken from the stored row.
+
+-- Only the columns used: the CTE is read twice, so DuckDB materializes it.
 with messages as (
     select
         customer_id,
@@ -25,6 +30,11 @@ with messages as (
         context,
         properties
     from {{ ref('int_messages_identified') }}
+    {{ where_merge_input() }}
+),
+
+winners as (
+    select * from {{ ref('int_customer_event_winners') }}
     {{ where_customer_changed() }}
 ),
 
@@ -42,7 +52,42 @@ regulations as (
     select * from {{ ref('regulation_state') }}
 ),
 
-base as (
+{% if merging() -%}
+stored as (
+    select
+        customer_id,
+        account_id,
+        client_id,
+        user_id,
+        created_time,
+        created_event_id,
+        last_activity_time,
+        -- One parse of each stored object for all its parts.
+        json_extract(
+            metadata, ['$.createdBy.filename', '$.createdBy.type', '$.firstEvent', '$.lastEvent']
+        ) as parts
+    from {{ this }}
+    {{ where_stored_merged() }}
+),
+
+stored_objects as (
+    select
+        stored.customer_id,
+        'first' as end_of_history,
+        objects.key as event_action,
+        objects.value as event_object
+    from stored, json_each(stored.parts[3]) as objects
+    union all
+    select
+        stored.customer_id,
+        'last' as end_of_history,
+        objects.key as event_action,
+        objects.value as event_object
+    from stored, json_each(stored.parts[4]) as objects
+),
+{%- endif %}
+
+partial_base as (
     select
         customer_id,
         account_id,
@@ -51,29 +96,49 @@ base as (
         arg_min(landing_file, (received_at, event_id)) as created_file,
         arg_min(channel, (received_at, event_id)) as created_channel,
         min(received_at) as created_time,
+        arg_min(event_id, (received_at, event_id)) as created_event_id,
         max(event_time) as last_activity_time
     from messages
     group by customer_id, account_id
-),
-
--- Winners first, on narrow columns; the JSON objects only for the winners. Carrying every
--- message's object through arg_min/arg_max ran out of memory (18.8 GiB) at 10M messages.
-first_last_ids as (
+    {% if merging() -%}
+    union all
     select
         customer_id,
-        event_action,
-        arg_min(event_id, (event_time, received_at, event_id)) as first_event_id,
-        arg_max(event_id, (event_time, received_at, event_id)) as last_event_id
-    from messages
-    group by customer_id, event_action
+        account_id,
+        client_id,
+        user_id,
+        parts[1] ->> '$' as created_file,
+        parts[2] ->> '$' as created_channel,
+        created_time,
+        created_event_id,
+        last_activity_time
+    from stored
+    {%- endif %}
 ),
 
-winners as (
-    select first_event_id as event_id from first_last_ids
+base as (
+    select
+        customer_id,
+        account_id,
+        any_value(client_id) as client_id,
+        max(user_id) as user_id,
+        arg_min(created_file, (created_time, created_event_id)) as created_file,
+        arg_min(created_channel, (created_time, created_event_id)) as created_channel,
+        min(created_time) as created_time,
+        arg_min(created_event_id, (created_time, created_event_id)) as created_event_id,
+        max(last_activity_time) as last_activity_time
+    from partial_base
+    group by customer_id, account_id
+),
+
+winner_ids as (
+    select first_event_id as event_id from winners
     union
-    select last_event_id as event_id from first_last_ids
+    select last_event_id as event_id from winners
 ),
 
+-- The JSON objects only for the winners: carrying every message's object through the
+-- aggregates ran out of memory (18.8 GiB) at 10M messages.
 event_objects as (
     select
         messages.event_id,
@@ -90,22 +155,36 @@ event_objects as (
             'timestamp', {{ iso_ts('messages.event_time') }}
         ) as event_object
     from messages
-    semi join winners on messages.event_id = winners.event_id
+    semi join winner_ids on messages.event_id = winner_ids.event_id
 ),
 
 first_last as (
     select
-        first_last_ids.customer_id,
-        json_group_object(first_last_ids.event_action, first_objects.event_object)
-            as first_event,
-        json_group_object(first_last_ids.event_action, last_objects.event_object)
-            as last_event
-    from first_last_ids
-    inner join event_objects as first_objects
-        on first_last_ids.first_event_id = first_objects.event_id
-    inner join event_objects as last_objects
-        on first_last_ids.last_event_id = last_objects.event_id
-    group by first_last_ids.customer_id
+        winners.customer_id,
+        json_group_object(
+            winners.event_action,
+            coalesce(first_objects.event_object{% if merging() %}, stored_first.event_object{% endif %})
+        ) as first_event,
+        json_group_object(
+            winners.event_action,
+            coalesce(last_objects.event_object{% if merging() %}, stored_last.event_object{% endif %})
+        ) as last_event
+    from winners
+    left join event_objects as first_objects on winners.first_event_id = first_objects.event_id
+    left join event_objects as last_objects on winners.last_event_id = last_objects.event_id
+    {% if merging() -%}
+    left join stored_objects as stored_first
+        on
+            winners.customer_id = stored_first.customer_id
+            and winners.event_action = stored_first.event_action
+            and stored_first.end_of_history = 'first'
+    left join stored_objects as stored_last
+        on
+            winners.customer_id = stored_last.customer_id
+            and winners.event_action = stored_last.event_action
+            and stored_last.end_of_history = 'last'
+    {%- endif %}
+    group by winners.customer_id
 ),
 
 assembled as (
@@ -170,6 +249,7 @@ final as (
             )
         ) as metadata,
         created_time,
+        created_event_id,
         last_activity_time
     from traits_objects
     -- Not by user_id: anonymous customers' null user_ids would fill whole row groups, and

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -11,10 +10,13 @@ from mallard.warehouse import connect
 from orchestration.load import load_new_files
 from orchestration.warehouse import ensure_warehouse
 from orchestration.window import (
+    WINDOW_AFTER,
+    WINDOW_THROUGH,
     Window,
     current_window,
     dbt_build_args,
     full_tests_due,
+    models_epoch,
     record_full_tests_passed,
 )
 from tests.unit.orchestration.test_load import write_landing
@@ -25,19 +27,21 @@ T2 = datetime(2026, 1, 1, 12, 0, 0, 123457, tzinfo=UTC)
 
 def test_first_pass_builds_whole() -> None:
     assert Window(None, None).dbt_args() == ["--full-refresh"]
-    args = Window(None, T1).dbt_args()
-    assert args[-1] == "--full-refresh"
-    assert json.loads(args[1]) == {"mallard__loaded_through": "2026-01-01T12:00:00.123456+00:00"}
+    assert Window(None, None).dbt_env() == {WINDOW_AFTER: "", WINDOW_THROUGH: ""}
+    assert Window(None, T1).dbt_args() == ["--full-refresh"]
+    assert Window(None, T1).dbt_env() == {
+        WINDOW_AFTER: "",
+        WINDOW_THROUGH: "2026-01-01T12:00:00.123456+00:00",
+    }
 
 
 def test_later_passes_take_what_loaded_after_the_last_finished_one() -> None:
-    args = Window(T1, T2).dbt_args()
-    assert "--full-refresh" not in args
-    assert args[0] == "--vars"
+    # No --vars: a change of vars makes dbt parse the whole project again.
+    assert Window(T1, T2).dbt_args() == []
     # Microseconds survive: two loads can be less than a millisecond apart.
-    assert json.loads(args[1]) == {
-        "mallard__loaded_after": "2026-01-01T12:00:00.123456+00:00",
-        "mallard__loaded_through": "2026-01-01T12:00:00.123457+00:00",
+    assert Window(T1, T2).dbt_env() == {
+        WINDOW_AFTER: "2026-01-01T12:00:00.123456+00:00",
+        WINDOW_THROUGH: "2026-01-01T12:00:00.123457+00:00",
     }
 
 
@@ -57,9 +61,14 @@ def test_window_comes_from_the_freshness_row_and_the_newest_load(tmp_path: Path)
         conn.execute("create table lake.marts.freshness as select now() as built_at")
         assert current_window(paths) == Window(None, loaded)
         conn.execute("drop table lake.marts.freshness")
+        # State of older models (an upgrade changed them): build whole once.
         conn.execute(
-            "create table lake.marts.freshness as select ?::timestamptz as loaded_through", [T1]
+            "create table lake.marts.freshness as"
+            " select ?::timestamptz as loaded_through, ? as models_epoch",
+            [T1, models_epoch() - 1],
         )
+        assert current_window(paths) == Window(None, loaded)
+        conn.execute("update lake.marts.freshness set models_epoch = ?", [models_epoch()])
     finally:
         conn.close()
     assert current_window(paths) == Window(T1, loaded)

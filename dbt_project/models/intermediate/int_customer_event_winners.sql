@@ -1,0 +1,60 @@
+-- One row per (customer, event action): the customer's first and last event of that action by
+-- event time (ties: receipt, then eventId), with the keys they won by. The customers mart builds
+-- firstEvent/lastEvent from these; incremental passes fold the rewritten messages into them.
+{{
+    config(
+        materialized='incremental',
+        incremental_strategy='replace_customers',
+        unique_key='customer_id',
+    )
+}}
+
+with candidates as (
+    select
+        customer_id,
+        event_action,
+        event_id as first_event_id,
+        event_time as first_event_time,
+        received_at as first_received_at,
+        event_id as last_event_id,
+        event_time as last_event_time,
+        received_at as last_received_at
+    from {{ ref('int_messages_identified') }}
+    {{ where_merge_input() }}
+    {% if merging() -%}
+    union all
+    select
+        customer_id,
+        event_action,
+        first_event_id,
+        first_event_time,
+        first_received_at,
+        last_event_id,
+        last_event_time,
+        last_received_at
+    from {{ this }}
+    {{ where_stored_merged() }}
+    {%- endif %}
+),
+
+final as (
+    select
+        customer_id,
+        event_action,
+        arg_min(
+            first_event_id, (first_event_time, first_received_at, first_event_id)
+        ) as first_event_id,
+        min(first_event_time) as first_event_time,
+        arg_min(
+            first_received_at, (first_event_time, first_received_at, first_event_id)
+        ) as first_received_at,
+        arg_max(last_event_id, (last_event_time, last_received_at, last_event_id)) as last_event_id,
+        max(last_event_time) as last_event_time,
+        arg_max(
+            last_received_at, (last_event_time, last_received_at, last_event_id)
+        ) as last_received_at
+    from candidates
+    group by customer_id, event_action
+)
+
+select * from final
