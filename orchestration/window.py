@@ -93,7 +93,7 @@ LIGHT_TESTS = [
     "--exclude-resource-type",
     "unit_test",
     "--exclude",
-    "path:models/intermediate,resource_type:test",
+    "path:models/intermediate,resource_type:test path:models/staging,resource_type:test",
 ]
 
 

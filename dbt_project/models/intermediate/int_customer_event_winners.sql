@@ -10,17 +10,16 @@
 }}
 
 with candidates as (
-    select
-        customer_id,
-        event_action,
-        event_id as first_event_id,
-        event_time as first_event_time,
-        received_at as first_received_at,
-        event_id as last_event_id,
-        event_time as last_event_time,
-        received_at as last_received_at
-    from {{ ref('int_messages_identified') }}
-    {{ where_merge_input() }}
+    {{ merge_input(ref('int_messages_identified'), [
+            "customer_id",
+            "event_action",
+            "event_id as first_event_id",
+            "event_time as first_event_time",
+            "received_at as first_received_at",
+            "event_id as last_event_id",
+            "event_time as last_event_time",
+            "received_at as last_received_at",
+        ]) }}
     {% if merging() -%}
     union all
     select

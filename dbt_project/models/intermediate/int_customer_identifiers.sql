@@ -11,16 +11,15 @@
 
 -- Only the columns used: the CTE is read three times, so DuckDB materializes it.
 with messages as (
-    select
-        customer_id,
-        account_id,
-        customer_user_id,
-        anonymous_id,
-        event_time,
-        type,
-        traits
-    from {{ ref('int_messages_identified') }}
-    {{ where_merge_input() }}
+    {{ merge_input(ref('int_messages_identified'), [
+            "customer_id",
+            "account_id",
+            "customer_user_id",
+            "anonymous_id",
+            "event_time",
+            "type",
+            "traits",
+        ]) }}
 ),
 
 identifiers as (

@@ -14,15 +14,14 @@
 }}
 
 with messages as (
-    select
-        customer_id,
-        account_id,
-        brand_id,
-        anonymous_id,
-        received_at,
-        event_id
-    from {{ ref('int_messages_identified') }}
-    {{ where_merge_input() }}
+    {{ merge_input(ref('int_messages_identified'), [
+            "customer_id",
+            "account_id",
+            "brand_id",
+            "anonymous_id",
+            "received_at",
+            "event_id",
+        ]) }}
 ),
 
 changes as (

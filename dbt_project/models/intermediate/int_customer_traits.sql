@@ -23,14 +23,13 @@ with latest as (
 ),
 
 messages as (
-    select
-        customer_id,
-        event_time,
-        received_at,
-        message_id,
-        context -> '$.campaign' as campaign
-    from {{ ref('int_messages_identified') }}
-    {{ where_merge_input() }}
+    {{ merge_input(ref('int_messages_identified'), [
+            "customer_id",
+            "event_time",
+            "received_at",
+            "message_id",
+            "context -> '$.campaign' as campaign",
+        ]) }}
     {% if merging() -%}
     union all
     select

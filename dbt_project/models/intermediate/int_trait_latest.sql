@@ -11,15 +11,14 @@
 }}
 
 with candidates as (
-    select
-        customer_id,
-        trait_key,
-        trait_value,
-        event_time,
-        received_at,
-        message_id
-    from {{ ref('int_trait_history') }}
-    {{ where_merge_input() }}
+    {{ merge_input(ref('int_trait_history'), [
+            "customer_id",
+            "trait_key",
+            "trait_value",
+            "event_time",
+            "received_at",
+            "message_id",
+        ]) }}
     {% if merging() -%}
     union all
     select

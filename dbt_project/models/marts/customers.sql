@@ -14,23 +14,22 @@
 
 -- Only the columns used: the CTE is read twice, so DuckDB materializes it.
 with messages as (
-    select
-        customer_id,
-        account_id,
-        client_id,
-        customer_user_id,
-        landing_file,
-        channel,
-        event_id,
-        event_time,
-        received_at,
-        event_action,
-        type,
-        event_name,
-        context,
-        properties
-    from {{ ref('int_messages_identified') }}
-    {{ where_merge_input() }}
+    {{ merge_input(ref('int_messages_identified'), [
+            "customer_id",
+            "account_id",
+            "client_id",
+            "customer_user_id",
+            "landing_file",
+            "channel",
+            "event_id",
+            "event_time",
+            "received_at",
+            "event_action",
+            "type",
+            "event_name",
+            "context",
+            "properties",
+        ]) }}
 ),
 
 winners as (
@@ -252,10 +251,13 @@ final as (
         created_event_id,
         last_activity_time
     from traits_objects
+    -- A first build is sorted for lookups; a pass's few rows land in a file of their own.
     -- Not by user_id: anonymous customers' null user_ids would fill whole row groups, and
     -- DuckLake (1.5.5) then records no min/max for the file's user_id and prunes that file from
     -- every `where user_id = ...` once another file has stats (customers silently not found).
+    {% if not merging() -%}
     order by account_id, customer_id
+    {%- endif %}
 )
 
 select * from final

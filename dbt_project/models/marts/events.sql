@@ -13,11 +13,16 @@
     )
 }}
 
+-- Two selects, not one `or`: see merge_input() in macros/incremental_window.sql.
 with messages as (
     select * from {{ ref('int_messages_identified') }}
     {{ where_rewritten() }}
     {% if is_incremental() -%}
-    or customer_id in ({{ email_changed_customers() }})
+    union all
+    select * from {{ ref('int_messages_identified') }}
+    where
+        not ({{ in_window('pass_through') }})
+        and customer_id in ({{ email_changed_customers() }})
     {%- endif %}
 ),
 

@@ -89,5 +89,5 @@ def test_every_test_runs_again_only_when_the_project_changed(tmp_path: Path) -> 
         "--exclude-resource-type",
         "unit_test",
         "--exclude",
-        "path:models/intermediate,resource_type:test",
+        "path:models/intermediate,resource_type:test path:models/staging,resource_type:test",
     ]
