@@ -164,12 +164,14 @@ first_last as (
         {{ json_object_agg(
             'winners.event_action',
             'coalesce(first_objects.event_object'
-            ~ (', stored_first.event_object' if merging() else '') ~ ')'
+            ~ (', stored_first.event_object' if merging() else '') ~ ')',
+            sorted=false,
         ) }} as first_event,
         {{ json_object_agg(
             'winners.event_action',
             'coalesce(last_objects.event_object'
-            ~ (', stored_last.event_object' if merging() else '') ~ ')'
+            ~ (', stored_last.event_object' if merging() else '') ~ ')',
+            sorted=false,
         ) }} as last_event
     from winners
     left join event_objects as first_objects on winners.first_event_id = first_objects.event_id
@@ -269,13 +271,12 @@ final as (
         created_event_id,
         last_activity_time
     from metadata_heads
-    -- A first build is sorted for lookups; a pass's few rows land in a file of their own.
+    -- Sorted, on passes too: unsorted, a pass's new customers (often anonymous visitors) came
+    -- out together and filled whole row groups with null user_ids (test ducklake_stats_complete).
     -- Not by user_id: anonymous customers' null user_ids would fill whole row groups, and
     -- DuckLake (1.5.5) then records no min/max for the file's user_id and prunes that file from
     -- every `where user_id = ...` once another file has stats (customers silently not found).
-    {% if not merging() -%}
     order by account_id, customer_id
-    {%- endif %}
 )
 
 select * from final
