@@ -114,22 +114,33 @@
 {%- endmacro %}
 
 {#
-  A filter DuckDB applies inside the scan of a per-customer table, before it reads the other
-  columns of a row: a bitmap of the changed customers' hashes (4M bits, 512 KB, a DuckDB variable
-  set on the model's connection). A pass changes customers spread over every file, and a semi
-  join alone reads every row's columns first: at 10M messages, reading the stored customers of a
-  pass (94k of 1.2M) took 3.7 s that way and 0.8 s behind this filter. A hash collision lets a
-  few other customers through; the exact semi join beside it removes them.
+  A filter DuckDB applies inside the scan of a table, before it reads the other columns of a row:
+  a bitmap of the hashes of a set of keys (4M bits, 512 KB), kept in a DuckDB variable on the
+  model's connection. A pass's keys (changed customers, messages to attribute again) are spread
+  over every file, and a semi join alone reads every row's columns first: at 10M messages,
+  reading the stored customers of a pass (94k of 1.2M) took 3.7 s that way and 0.8 s behind this
+  filter. A hash collision lets a few other rows through; the exact semi join beside it decides.
+  set_hash_bits(name, keys_sql) runs while the model compiles; keys_sql selects one column.
 #}
-{% macro changed_bits_filter(col) -%}
+{% macro set_hash_bits(name, keys_sql) -%}
     {%- if execute -%}
         {%- do run_query(
-            "set variable mallard_changed_bits = (select bitstring_agg("
-            ~ "(hash(customer_id) % 4194304)::integer, 0, 4194303) from "
-            ~ ref('int_customers_changed') ~ ")"
+            "set variable " ~ name ~ " = (select bitstring_agg("
+            ~ "(hash(k) % 4194304)::integer, 0, 4194303) from (" ~ keys_sql ~ ") as keys(k))"
         ) -%}
     {%- endif -%}
-    coalesce(get_bit(getvariable('mallard_changed_bits'), (hash({{ col }}) % 4194304)::integer) = 1, false)
+{%- endmacro %}
+
+{% macro hash_bits_filter(name, col) -%}
+    coalesce(get_bit(getvariable('{{ name }}'), (hash({{ col }}) % 4194304)::integer) = 1, false)
+{%- endmacro %}
+
+{% macro changed_bits_filter(col) -%}
+    {{ set_hash_bits(
+        'mallard_changed_bits',
+        'select customer_id from ' ~ ref('int_customers_changed')
+    ) }}
+    {{- hash_bits_filter('mallard_changed_bits', col) }}
 {%- endmacro %}
 
 {#

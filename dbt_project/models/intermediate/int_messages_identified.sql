@@ -27,22 +27,31 @@ loaded as (
     where {{ in_window('loaded_at') }}
 ),
 
-paired as (
-    select
-        account_id,
-        anonymous_id
-    from identity_map
-    where {{ in_window('changed_at') }}
-),
+-- Found on narrow columns first, then read whole behind a bitmap filter (see set_hash_bits):
+-- a semi join straight onto the messages read every message's columns (3 s at 10M messages).
+{%- set earlier_anonymous %}
+    select deduped.event_id
+    from {{ ref('int_messages_deduped') }} as deduped
+    semi join (
+        select
+            account_id,
+            anonymous_id
+        from {{ ref('int_identity_map') }}
+        where {{ in_window('changed_at') }}
+    ) as paired
+        on deduped.account_id = paired.account_id and deduped.anonymous_id = paired.anonymous_id
+    where deduped.user_id is null and not ({{ in_window('deduped.loaded_at') }})
+{%- endset %}
+{{ set_hash_bits('mallard_reattributed_bits', earlier_anonymous) }}
 
 messages as (
     select * from loaded
     union all by name
-    select deduped.*
+    select *
     from deduped
-    semi join paired
-        on deduped.account_id = paired.account_id and deduped.anonymous_id = paired.anonymous_id
-    where deduped.user_id is null and not ({{ in_window('deduped.loaded_at') }})
+    where
+        {{ hash_bits_filter('mallard_reattributed_bits', 'event_id') }}
+        and event_id in ({{ earlier_anonymous }})
 ),
 {% else %}
 messages as (
