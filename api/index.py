@@ -93,11 +93,26 @@ class _Hasher:
     def __call__(self, account_id: str, value: str) -> int:
         return int(self._one("select hash(?, ?)", [account_id, value]))
 
+    def many(self, account_id: str, values: list[str]) -> list[int]:
+        """One query for many keys: a query costs ~0.4 ms, most of it outside DuckDB."""
+        cur = getattr(self._local, "cur", None)
+        if cur is None:
+            cur = self._local.cur = duckdb.connect()
+        rows = cur.execute(
+            "select hash(?, v) from unnest(?::varchar[]) with ordinality as t(v, i) order by i",
+            [account_id, values],
+        ).fetchall()
+        return [int(r[0]) for r in rows]
+
     def lower(self, value: str) -> str:
         return str(self._one("select lower(?)", [value]))
 
 
 _hash = _Hasher()
+
+
+def _key_hash(account_id: str, value: str | None) -> int:
+    return hash((account_id, value))
 
 
 class _HashIndex:
@@ -109,7 +124,7 @@ class _HashIndex:
         self.rows = order.astype(np.int64)
 
     def rows_of(self, h: int) -> np.ndarray[Any, Any]:
-        key = np.uint64(h)
+        key = self.hashes.dtype.type(h)
         lo = int(np.searchsorted(self.hashes, key, "left"))
         hi = int(np.searchsorted(self.hashes, key, "right"))
         return self.rows[lo:hi]
@@ -211,9 +226,7 @@ class CustomerIndex:
         live, params = _live(files)
         # One ORDER BY over the rows of all the files: the list's order across files.
         t = conn.execute(
-            "select account_id, user_id, customer_id, email_lower, traits,"
-            " hash(account_id, user_id) as h_user, hash(account_id, customer_id) as h_id,"
-            " hash(account_id, email_lower) as h_email, file, row"
+            "select account_id, user_id, customer_id, email_lower, traits, file, row"
             f" from {live} order by account_id, customer_id",
             params,
         ).to_arrow_table()
@@ -224,9 +237,18 @@ class CustomerIndex:
         self.cols = {c: t[c].combine_chunks() for c in _KEY.values()}
         self.account = t["account_id"].combine_chunks()
         self.traits = t["traits"].combine_chunks()
+        # Keys hashed by Python (its str hash, stable within this process, which alone uses the
+        # index): a lookup then costs ~1 us, where asking DuckDB for its hash cost ~0.4 ms.
+        accounts = self.account.to_pylist()
         self.by = {
-            id_type: _HashIndex(t[f"h_{'user' if id_type == 'userId' else id_type}"].to_numpy())
-            for id_type in _KEY
+            id_type: _HashIndex(
+                np.fromiter(
+                    (_key_hash(a, v) for a, v in zip(accounts, t[col].to_pylist(), strict=True)),
+                    dtype=np.int64,
+                    count=t.num_rows,
+                )
+            )
+            for id_type, col in _KEY.items()
         }
         self.rows = t.num_rows
         self.accounts = {k[0]: v for k, v in _groups(conn, "account_id", files).items()}
@@ -251,7 +273,7 @@ class CustomerIndex:
         """(customer_id, traits or metadata) of the customers an idType:id names, by id."""
         if id_type == "email":
             value = _hash.lower(value)
-        want = _hash(account_id, value)
+        want = _key_hash(account_id, value)
         col = self.cols[_KEY[id_type]]
         rows = sorted(
             (str(self.cols["customer_id"][i].as_py()), i)
@@ -406,4 +428,4 @@ class Index:
         self.key = (customers, events)
 
     def customer_hashes(self, account_id: str, customer_ids: list[str]) -> list[int]:
-        return [_hash(account_id, c) for c in customer_ids]
+        return _hash.many(account_id, customer_ids) if customer_ids else []
