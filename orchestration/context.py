@@ -51,3 +51,12 @@ def ensure_dagster_home(paths: DataPaths) -> Path:
     if not cfg.exists():
         cfg.write_text("telemetry:\n  enabled: false\n")
     return home
+
+
+def yield_cpu_to_readers() -> None:
+    """Run this process (and the dbt it starts) at MALLARD_PIPELINE_NICE, so a build on the same
+    machine as the API takes the CPU the API's reads leave. Niceness only ever rises."""
+    target = get_settings().pipeline_nice
+    current = os.nice(0)
+    if target > current:
+        os.nice(target - current)

@@ -15,7 +15,7 @@ from dagster_dbt import DbtCliResource, dbt_assets
 from dbt.version import __version__ as dbt_version
 from packaging import version
 
-from orchestration.context import DBT_DIR, data_paths, dbt_env
+from orchestration.context import DBT_DIR, data_paths, dbt_env, yield_cpu_to_readers
 from orchestration.locks import build_lock
 from orchestration.window import (
     current_window,
@@ -88,6 +88,7 @@ def build_dbt_assets() -> tuple[Any, DbtCliResource]:
     @dbt_assets(manifest=manifest, name="dbt_models")
     def dbt_models(context: dg.AssetExecutionContext, dbt: DbtCliResource) -> Iterator[Any]:
         os.environ.update(dbt_env(paths))
+        yield_cpu_to_readers()
         # One writer of the models at a time: two would conflict on commit.
         with build_lock(paths):
             window = current_window(paths)

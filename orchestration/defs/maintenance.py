@@ -3,12 +3,13 @@
 
 import dagster as dg
 
-from orchestration.context import data_paths
+from orchestration.context import data_paths, yield_cpu_to_readers
 from orchestration.maintenance import maintain
 
 
 @dg.op(description="Rewrite files riddled with deletes, merge small files, expire snapshots.")
 def maintain_warehouse(context: dg.OpExecutionContext) -> None:
+    yield_cpu_to_readers()
     result = maintain(data_paths())
     context.log.info(result.summary)
 
