@@ -21,8 +21,8 @@ import duckdb
 import yaml
 
 from mallard.paths import DataPaths
-from orchestration.context import DBT_DIR
 from mallard.warehouse import connect
+from orchestration.context import DBT_DIR
 
 
 @dataclass(frozen=True)

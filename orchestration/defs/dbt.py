@@ -105,7 +105,6 @@ def build_dbt_assets() -> tuple[Any, DbtCliResource]:
     resource = DbtResource(
         project_dir=str(DBT_DIR),
         profiles_dir=str(DBT_DIR),
-        target_path=paths.dbt_target,
         dbt_executable=str(_dbt_executable()),
     )
     return dbt_models, resource
