@@ -103,6 +103,21 @@
     where {% if is_incremental() %}{{ in_window('pass_through') }}{% else %}true{% endif %}
 {%- endmacro %}
 
+{#
+  On an incremental pass, `union all` the model's stored rows of the customers it folds into,
+  with these columns (expressions allowed), after the select of what the pass adds; nothing on a
+  build from scratch.
+#}
+{% macro union_stored_state(columns) -%}
+    {%- if merging() %}
+    union all
+    select
+        {{ columns | join(',\n        ') }}
+    from {{ this }}
+    {{ where_stored_merged() }}
+    {%- endif -%}
+{%- endmacro %}
+
 {# The rows of a per-customer input for every customer a pass changes (all on a full build). #}
 {% macro where_customer_changed(col='customer_id') -%}
     {%- set changed = ref('int_customers_changed') %}

@@ -11,29 +11,25 @@
 
 with candidates as (
     {{ merge_input(ref('int_messages_identified'), [
-            "customer_id",
-            "event_action",
-            "event_id as first_event_id",
-            "event_time as first_event_time",
-            "received_at as first_received_at",
-            "event_id as last_event_id",
-            "event_time as last_event_time",
-            "received_at as last_received_at",
-        ]) }}
-    {% if merging() -%}
-    union all
-    select
-        customer_id,
-        event_action,
-        first_event_id,
-        first_event_time,
-        first_received_at,
-        last_event_id,
-        last_event_time,
-        last_received_at
-    from {{ this }}
-    {{ where_stored_merged() }}
-    {%- endif %}
+        "customer_id",
+        "event_action",
+        "event_id as first_event_id",
+        "event_time as first_event_time",
+        "received_at as first_received_at",
+        "event_id as last_event_id",
+        "event_time as last_event_time",
+        "received_at as last_received_at",
+    ]) }}
+    {{ union_stored_state([
+        "customer_id",
+        "event_action",
+        "first_event_id",
+        "first_event_time",
+        "first_received_at",
+        "last_event_id",
+        "last_event_time",
+        "last_received_at",
+    ]) }}
 ),
 
 final as (

@@ -12,14 +12,14 @@
 -- Only the columns used: the CTE is read three times, so DuckDB materializes it.
 with messages as (
     {{ merge_input(ref('int_messages_identified'), [
-            "customer_id",
-            "account_id",
-            "customer_user_id",
-            "anonymous_id",
-            "event_time",
-            "type",
-            "traits",
-        ]) }}
+        "customer_id",
+        "account_id",
+        "customer_user_id",
+        "anonymous_id",
+        "event_time",
+        "type",
+        "traits",
+    ]) }}
 ),
 
 identifiers as (
@@ -60,18 +60,14 @@ seen as (
         event_time as first_seen,
         event_time as last_seen
     from identifiers
-    {% if merging() -%}
-    union all
-    select
-        customer_id,
-        account_id,
-        id_type,
-        id_value,
-        first_seen,
-        last_seen
-    from {{ this }}
-    {{ where_stored_merged() }}
-    {%- endif %}
+    {{ union_stored_state([
+        "customer_id",
+        "account_id",
+        "id_type",
+        "id_value",
+        "first_seen",
+        "last_seen",
+    ]) }}
 ),
 
 final as (

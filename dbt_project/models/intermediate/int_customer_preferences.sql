@@ -15,13 +15,13 @@
 
 with messages as (
     {{ merge_input(ref('int_messages_identified'), [
-            "customer_id",
-            "account_id",
-            "brand_id",
-            "anonymous_id",
-            "received_at",
-            "event_id",
-        ]) }}
+        "customer_id",
+        "account_id",
+        "brand_id",
+        "anonymous_id",
+        "received_at",
+        "event_id",
+    ]) }}
 ),
 
 changes as (
@@ -44,18 +44,14 @@ firsts as (
         ) as anonymous_key
     from messages
     group by customer_id, account_id
-    {% if merging() -%}
-    union all
-    select
-        customer_id,
-        account_id,
-        home_brand_id,
-        home_key,
-        anonymous_id,
-        anonymous_key
-    from {{ this }}
-    {{ where_stored_merged() }}
-    {%- endif %}
+    {{ union_stored_state([
+        "customer_id",
+        "account_id",
+        "home_brand_id",
+        "home_key",
+        "anonymous_id",
+        "anonymous_key",
+    ]) }}
 ),
 
 customers as (

@@ -24,23 +24,19 @@ with latest as (
 
 messages as (
     {{ merge_input(ref('int_messages_identified'), [
-            "customer_id",
-            "event_time",
-            "received_at",
-            "message_id",
-            "context -> '$.campaign' as campaign",
-        ]) }}
-    {% if merging() -%}
-    union all
-    select
-        customer_id,
-        first_event_time as event_time,
-        first_received_at as received_at,
-        first_message_id as message_id,
-        first_campaign as campaign
-    from {{ this }}
-    {{ where_stored_merged() }}
-    {%- endif %}
+        "customer_id",
+        "event_time",
+        "received_at",
+        "message_id",
+        "context -> '$.campaign' as campaign",
+    ]) }}
+    {{ union_stored_state([
+        "customer_id",
+        "first_event_time as event_time",
+        "first_received_at as received_at",
+        "first_message_id as message_id",
+        "first_campaign as campaign",
+    ]) }}
 ),
 
 name_parts as (

@@ -12,25 +12,21 @@
 
 with candidates as (
     {{ merge_input(ref('int_trait_history'), [
-            "customer_id",
-            "trait_key",
-            "trait_value",
-            "event_time",
-            "received_at",
-            "message_id",
-        ]) }}
-    {% if merging() -%}
-    union all
-    select
-        customer_id,
-        trait_key,
-        trait_value,
-        event_time,
-        received_at,
-        message_id
-    from {{ this }}
-    {{ where_stored_merged() }}
-    {%- endif %}
+        "customer_id",
+        "trait_key",
+        "trait_value",
+        "event_time",
+        "received_at",
+        "message_id",
+    ]) }}
+    {{ union_stored_state([
+        "customer_id",
+        "trait_key",
+        "trait_value",
+        "event_time",
+        "received_at",
+        "message_id",
+    ]) }}
 ),
 
 final as (

@@ -15,21 +15,21 @@
 -- Only the columns used: the CTE is read twice, so DuckDB materializes it.
 with messages as (
     {{ merge_input(ref('int_messages_identified'), [
-            "customer_id",
-            "account_id",
-            "client_id",
-            "customer_user_id",
-            "landing_file",
-            "channel",
-            "event_id",
-            "event_time",
-            "received_at",
-            "event_action",
-            "type",
-            "event_name",
-            "context",
-            "properties",
-        ]) }}
+        "customer_id",
+        "account_id",
+        "client_id",
+        "customer_user_id",
+        "landing_file",
+        "channel",
+        "event_id",
+        "event_time",
+        "received_at",
+        "event_action",
+        "type",
+        "event_name",
+        "context",
+        "properties",
+    ]) }}
 ),
 
 winners as (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -75,11 +76,19 @@ def test_window_comes_from_the_freshness_row_and_the_newest_load(tmp_path: Path)
 
 
 def test_every_test_runs_again_only_when_the_project_changed(tmp_path: Path) -> None:
-    (tmp_path / "manifest.json").write_text('{"nodes": 1}')
+    def manifest(raw_code: str, compiled: str, invocation: str) -> str:
+        node = {"raw_code": raw_code, "compiled_code": compiled, "config": {"x": 1}}
+        return json.dumps({"metadata": {"invocation_id": invocation}, "nodes": {"m": node}})
+
+    (tmp_path / "manifest.json").write_text(manifest("select 1", "select 1 -- t1", "a"))
     assert full_tests_due(tmp_path)  # never passed
     record_full_tests_passed(tmp_path)
     assert not full_tests_due(tmp_path)
-    (tmp_path / "manifest.json").write_text('{"nodes": 2}')  # the models changed: parse again
+    # Every dbt run writes the manifest again with what it compiled: not a change.
+    (tmp_path / "manifest.json").write_text(manifest("select 1", "select 1 -- t2", "b"))
+    assert not full_tests_due(tmp_path)
+    # The models changed: parse again.
+    (tmp_path / "manifest.json").write_text(manifest("select 2", "select 2", "c"))
     assert full_tests_due(tmp_path)
 
     window = Window(T1, T2)
