@@ -29,28 +29,34 @@ changes as (
     {{ where_customer_changed() }}
 ),
 
+-- The winners' keys as plain columns: DuckLake (1.5.5) could not read back a struct holding a
+-- timestamp from rows a small pass inlined into its catalog ("invalid timestamp field format").
 firsts as (
     select
         customer_id,
         account_id,
         -- The brand a customer was first seen in: whose writeKey and choices its page shows.
         arg_min(brand_id, (received_at, event_id)) as home_brand_id,
-        min(struct_pack(received_at, event_id)) as home_key,
+        min(received_at) as home_received_at,
+        arg_min(event_id, (received_at, event_id)) as home_event_id,
         arg_min(anonymous_id, (received_at, event_id)) filter (
             where anonymous_id is not null
         ) as anonymous_id,
-        min(struct_pack(received_at, event_id)) filter (
+        min(received_at) filter (where anonymous_id is not null) as anonymous_received_at,
+        arg_min(event_id, (received_at, event_id)) filter (
             where anonymous_id is not null
-        ) as anonymous_key
+        ) as anonymous_event_id
     from messages
     group by customer_id, account_id
     {{ union_stored_state([
         "customer_id",
         "account_id",
         "home_brand_id",
-        "home_key",
+        "home_received_at",
+        "home_event_id",
         "anonymous_id",
-        "anonymous_key",
+        "anonymous_received_at",
+        "anonymous_event_id",
     ]) }}
 ),
 
@@ -58,12 +64,16 @@ customers as (
     select
         customer_id,
         account_id,
-        arg_min(home_brand_id, home_key) as home_brand_id,
-        min(home_key) as home_key,
-        arg_min(anonymous_id, anonymous_key) filter (
+        arg_min(home_brand_id, (home_received_at, home_event_id)) as home_brand_id,
+        min(home_received_at) as home_received_at,
+        arg_min(home_event_id, (home_received_at, home_event_id)) as home_event_id,
+        arg_min(anonymous_id, (anonymous_received_at, anonymous_event_id)) filter (
             where anonymous_id is not null
         ) as anonymous_id,
-        min(anonymous_key) as anonymous_key
+        min(anonymous_received_at) as anonymous_received_at,
+        arg_min(anonymous_event_id, (anonymous_received_at, anonymous_event_id)) filter (
+            where anonymous_id is not null
+        ) as anonymous_event_id
     from firsts
     group by customer_id, account_id
 ),
@@ -120,9 +130,11 @@ final as (
         customers.customer_id,
         customers.account_id,
         customers.home_brand_id,
-        customers.home_key,
+        customers.home_received_at,
+        customers.home_event_id,
         customers.anonymous_id,
-        customers.anonymous_key,
+        customers.anonymous_received_at,
+        customers.anonymous_event_id,
         json_object(
             'channels', coalesce(per_customer.channels, '[]'::json),
             'categories', coalesce(per_customer.categories, '[]'::json),
