@@ -8,12 +8,6 @@
   whole project whenever its vars change, and records for partial parsing only the environment
   variables read while parsing.
 #}
-{% macro loaded_after() -%}
-    {%- if execute -%}
-        {{ return(env_var('MALLARD_LOADED_AFTER', '') or none) }}
-    {%- endif -%}
-    {{ return(none) }}
-{%- endmacro %}
 
 {# The end of this pass's window (max loaded_at when the pass began), as a SQL timestamptz. #}
 {% macro pass_through() -%}
@@ -45,16 +39,6 @@
   merging(): whether this model run folds into stored state (an incremental pass), rather than
   building whole.
 #}
-{% macro merging() -%}
-    {%- if not execute -%}
-        {{ return(false) }}
-    {%- elif model.config.materialized == 'incremental_by_customer' -%}
-        {%- set relation = adapter.get_relation(this.database, this.schema, this.table) -%}
-        {{ return(relation is not none and not should_full_refresh()) }}
-    {%- else -%}
-        {{ return(is_incremental()) }}
-    {%- endif -%}
-{%- endmacro %}
 
 {#
   The rows of a message-grain input (int_messages_identified, int_trait_history) a pass folds in:
@@ -137,14 +121,6 @@
   filter. A hash collision lets a few other rows through; the exact semi join beside it decides.
   set_hash_bits(name, keys_sql) runs while the model compiles; keys_sql selects one column.
 #}
-{% macro set_hash_bits(name, keys_sql) -%}
-    {%- if execute -%}
-        {%- do run_query(
-            "set variable " ~ name ~ " = (select bitstring_agg("
-            ~ "(hash(k) % 4194304)::integer, 0, 4194303) from (" ~ keys_sql ~ ") as keys(k))"
-        ) -%}
-    {%- endif -%}
-{%- endmacro %}
 
 {% macro hash_bits_filter(name, col) -%}
     coalesce(get_bit(getvariable('{{ name }}'), (hash({{ col }}) % 4194304)::integer) = 1, false)

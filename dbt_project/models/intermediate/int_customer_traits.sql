@@ -117,32 +117,39 @@ built as (
     left join objects on first_recognition.customer_id = objects.customer_id
 ),
 
+-- What the last pass stored (nothing on a full build), to tell whether the email changed.
+stored as (
+    {% if merging() -%}
+    select
+        customer_id,
+        email,
+        email_changed_at
+    from {{ this }}
+    {{ where_customer_changed() }}
+    {%- else -%}
+    select
+        null::varchar as customer_id,
+        null::varchar as email,
+        null::timestamptz as email_changed_at
+    where false
+    {%- endif %}
+),
+
 final as (
     select
         built.*,
         built.traits ->> '$.email' as email,
-        {% if merging() -%}
         -- Changed by an unfinished pass and not since: still changed for this window.
+        -- (Not `is distinct from`: sqlfluff's DuckDB dialect cannot parse it.)
         case
-            when (built.traits ->> '$.email') is distinct from stored.email
+            when
+                ((built.traits ->> '$.email') is null) != (stored.email is null)
+                or (built.traits ->> '$.email') != stored.email
                 then {{ pass_through() }}
             else stored.email_changed_at
-        end
-        {%- else -%}
-        cast(null as timestamptz)
-        {%- endif %} as email_changed_at
+        end as email_changed_at
     from built
-    {% if merging() -%}
-    left join (
-        select
-            customer_id,
-            email,
-            email_changed_at
-        from {{ this }}
-        {{ where_customer_changed() }}
-    ) as stored
-        on built.customer_id = stored.customer_id
-    {%- endif %}
+    left join stored on built.customer_id = stored.customer_id
 )
 
 select * from final

@@ -55,23 +55,37 @@ mapped as (
     group by account_id, anonymous_id
 ),
 
+-- What the last pass stored (nothing on a full build), to tell whether the userId changed.
+stored as (
+    {% if is_incremental() -%}
+    select
+        account_id,
+        anonymous_id,
+        user_id,
+        changed_at
+    from {{ this }}
+    {%- else -%}
+    select
+        null::varchar as account_id,
+        null::varchar as anonymous_id,
+        null::varchar as user_id,
+        null::timestamptz as changed_at
+    where false
+    {%- endif %}
+),
+
 final as (
     select
         mapped.*,
-        {% if is_incremental() -%}
         -- Changed by an unfinished pass and not since: still changed for this window.
         case
-            when mapped.user_id is distinct from stored.user_id then {{ pass_through() }}
+            when stored.user_id is null or mapped.user_id != stored.user_id
+                then {{ pass_through() }}
             else stored.changed_at
-        end
-        {%- else -%}
-        {{ pass_through() }}
-        {%- endif %} as changed_at
+        end as changed_at
     from mapped
-    {% if is_incremental() -%}
-    left join {{ this }} as stored
+    left join stored
         on mapped.account_id = stored.account_id and mapped.anonymous_id = stored.anonymous_id
-    {%- endif %}
 )
 
 select * from final

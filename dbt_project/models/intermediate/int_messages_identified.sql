@@ -30,8 +30,8 @@ loaded as (
 -- Found on narrow columns first, then read whole behind a bitmap filter (see set_hash_bits):
 -- a semi join straight onto the messages read every message's columns (3 s at 10M messages).
 {%- set earlier_anonymous %}
-    select deduped.event_id
-    from {{ ref('int_messages_deduped') }} as deduped
+    select earlier.event_id
+    from {{ ref('int_messages_deduped') }} as earlier
     semi join (
         select
             account_id,
@@ -39,8 +39,8 @@ loaded as (
         from {{ ref('int_identity_map') }}
         where {{ in_window('changed_at') }}
     ) as paired
-        on deduped.account_id = paired.account_id and deduped.anonymous_id = paired.anonymous_id
-    where deduped.user_id is null and not ({{ in_window('deduped.loaded_at') }})
+        on earlier.account_id = paired.account_id and earlier.anonymous_id = paired.anonymous_id
+    where earlier.user_id is null and not ({{ in_window('earlier.loaded_at') }})
 {%- endset %}
 {{ set_hash_bits('mallard_reattributed_bits', earlier_anonymous) }}
 

@@ -69,7 +69,8 @@ stored as (
     {{ where_stored_merged() }}
 ),
 
-stored_objects as (
+-- Used on passes only (the noqa: sqlfluff also lints a mix of the two builds).
+stored_objects as (  -- noqa: ST03
     select
         stored.customer_id,
         'first' as end_of_history,
@@ -177,12 +178,12 @@ first_last as (
     left join event_objects as first_objects on winners.first_event_id = first_objects.event_id
     left join event_objects as last_objects on winners.last_event_id = last_objects.event_id
     {% if merging() -%}
-    left join stored_objects as stored_first
+    left join stored_objects as stored_first  -- noqa: ST11
         on
             winners.customer_id = stored_first.customer_id
             and winners.event_action = stored_first.event_action
             and stored_first.end_of_history = 'first'
-    left join stored_objects as stored_last
+    left join stored_objects as stored_last  -- noqa: ST11
         on
             winners.customer_id = stored_last.customer_id
             and winners.event_action = stored_last.event_action
