@@ -10,23 +10,13 @@
     )
 }}
 
+{%- set columns = [
+    "customer_id", "trait_key", "trait_value", "event_time", "received_at", "message_id"
+] %}
+
 with candidates as (
-    {{ merge_input(ref('int_trait_history'), [
-        "customer_id",
-        "trait_key",
-        "trait_value",
-        "event_time",
-        "received_at",
-        "message_id",
-    ]) }}
-    {{ union_stored_state([
-        "customer_id",
-        "trait_key",
-        "trait_value",
-        "event_time",
-        "received_at",
-        "message_id",
-    ]) }}
+    {{ merge_input(ref('int_trait_history'), columns) }}
+    {{ union_stored_state(columns) }}
 ),
 
 final as (
