@@ -83,11 +83,14 @@ class _Hasher:
     def __init__(self) -> None:
         self._local = threading.local()
 
-    def _one(self, sql: str, params: list[str]) -> Any:
+    def _cursor(self) -> duckdb.DuckDBPyConnection:
         cur = getattr(self._local, "cur", None)
         if cur is None:
             cur = self._local.cur = duckdb.connect()
-        row = cur.execute(sql, params).fetchone()
+        return cur
+
+    def _one(self, sql: str, params: list[str]) -> Any:
+        row = self._cursor().execute(sql, params).fetchone()
         return row[0] if row else None
 
     def __call__(self, account_id: str, value: str) -> int:
@@ -95,13 +98,14 @@ class _Hasher:
 
     def many(self, account_id: str, values: list[str]) -> list[int]:
         """One query for many keys: a query costs ~0.4 ms, most of it outside DuckDB."""
-        cur = getattr(self._local, "cur", None)
-        if cur is None:
-            cur = self._local.cur = duckdb.connect()
-        rows = cur.execute(
-            "select hash(?, v) from unnest(?::varchar[]) with ordinality as t(v, i) order by i",
-            [account_id, values],
-        ).fetchall()
+        rows = (
+            self._cursor()
+            .execute(
+                "select hash(?, v) from unnest(?::varchar[]) with ordinality as t(v, i) order by i",
+                [account_id, values],
+            )
+            .fetchall()
+        )
         return [int(r[0]) for r in rows]
 
     def lower(self, value: str) -> str:
