@@ -63,9 +63,10 @@ class Warehouse:
         self._keys: dict[int, tuple[Files, Files, int] | None] = {}  # version -> files, bytes
         self._indexes: dict[tuple[Files, Files], Index] = {}
         self._unusable: set[tuple[Files, Files]] = set()
-        self._wanted: tuple[Files, Files] | None = None
+        self._wanted: int | None = None  # the newest version the builder is asked to index
         self._builder_running = False
         self._serving: int | None = None  # newest version answered from an index
+        self._serving_bytes = 0  # the Parquet bytes of its marts
         self._build_lock = threading.Lock()
         self._sig: tuple[Any, ...] | None = None
         self._sig_version = 0
@@ -175,7 +176,7 @@ class Warehouse:
         latest = version is None
         if version is None:
             version = self._current_version()
-            if self.index(version) is None and self._serving is not None and self._pending(version):
+            if self._serving is not None and version != self._serving and self._behind(version):
                 version = self._serving
         snap = self._fresh.get(version)
         if snap is None:
@@ -275,38 +276,73 @@ class Warehouse:
         key = (customers, events)
         idx = self._indexes.get(key)
         if idx is not None:
-            if self._serving is None or version > self._serving:
-                self._serving = version
+            self._served(version, size)
             return idx
         if key in self._unusable:
             return None
         if size <= INLINE_BUILD_BYTES:
             return self._build(key)
+        self._follow(version)
+        return None
+
+    def _served(self, version: int, size: int) -> None:
+        if self._serving is None or version > self._serving:
+            self._serving, self._serving_bytes = version, size
+
+    def _behind(self, version: int) -> bool:
+        """Whether answers stay on the serving snapshot for now: the version's index is being
+        built in the background, or its files are being listed there.
+
+        Listing a version's files costs a few catalog queries and a count over the marts:
+        ~0.2 s at 10M events idle, more while a pipeline runs, which commits a snapshot per
+        model. A request never waits for that once an index serves a big lake."""
+        if not self.use_index:
+            return False
+        if version not in self._keys and self._serving_bytes > INLINE_BUILD_BYTES:
+            self._follow(version)
+            return True
+        found = self._files_of(version)
+        if found is None:
+            return False  # no index at that version: its answers come from SQL
+        key = (found[0], found[1])
+        if key in self._indexes or key in self._unusable or found[2] <= INLINE_BUILD_BYTES:
+            return False  # index() returns it or builds it in the request
+        self._follow(version)
+        return True
+
+    def _follow(self, version: int) -> None:
+        """Have the builder list the files of this version, or a newer one, and index them."""
         with self._build_lock:
-            self._wanted = key
+            if self._wanted is None or version > self._wanted:
+                self._wanted = version
             if not self._builder_running:
                 self._builder_running = True
                 threading.Thread(target=self._builder, daemon=True).start()
-        return None
-
-    def _pending(self, version: int) -> bool:
-        """Whether the version's index is being built (or waiting to be)."""
-        found = self._files_of(version)
-        if found is None:
-            return False
-        key = (found[0], found[1])
-        return key not in self._indexes and key not in self._unusable
 
     def _builder(self) -> None:
-        """Build the newest wanted index, one at a time: a pipeline run replaces the marts in
+        """Index the newest wanted version, one at a time: a pipeline run replaces the marts in
         several commits, and only the last of them is worth indexing."""
         while True:
             with self._build_lock:
-                key = self._wanted
-                if key is None or key in self._indexes or key in self._unusable:
+                version = self._wanted
+                if version is None:
                     self._builder_running = False
                     return
-            self._build(key)
+            try:
+                found = self._files_of(version)
+            except Exception:  # the catalog busy past retries: the next request asks again
+                log.warning("read index: files of snapshot %d not listed", version, exc_info=True)
+                found = None
+            if found is not None:
+                key = (found[0], found[1])
+                idx = self._indexes.get(key)
+                if idx is None and key not in self._unusable:
+                    idx = self._build(key)
+                if idx is not None:
+                    self._served(version, found[2])
+            with self._build_lock:
+                if self._wanted == version:
+                    self._wanted = None
 
     def _build(self, key: tuple[Files, Files]) -> Index | None:
         t0 = time.monotonic()
