@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 import functools
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 from api.params import EventQuery
 
 _KEY = {"userId": "user_id", "id": "customer_id", "email": "email_lower"}
+_CUSTOMER_COLUMNS = "account_id, user_id, customer_id, email_lower, traits"
 
 
 @dataclass(frozen=True)
@@ -120,11 +121,156 @@ class _HashIndex:
         self.hashes = hashes[order]
         self.rows = order.astype(np.int64)
 
+    @classmethod
+    def of_sorted(cls, hashes: np.ndarray[Any, Any], rows: np.ndarray[Any, Any]) -> _HashIndex:
+        index = cls.__new__(cls)
+        index.hashes, index.rows = hashes, rows
+        return index
+
+    def moved(
+        self, to: np.ndarray[Any, Any], hashes: np.ndarray[Any, Any], rows: np.ndarray[Any, Any]
+    ) -> _HashIndex:
+        """This index after its rows moved (row r to to[r]; -1: gone) and rows were added."""
+        where = to[self.rows]
+        kept = where >= 0
+        old_hashes, old_rows = self.hashes[kept], where[kept]
+        order = np.argsort(hashes)
+        at = np.searchsorted(old_hashes, hashes[order])
+        return _HashIndex.of_sorted(
+            np.insert(old_hashes, at, hashes[order]), np.insert(old_rows, at, rows[order])
+        )
+
     def rows_of(self, h: int) -> np.ndarray[Any, Any]:
         key = self.hashes.dtype.type(h)
         lo = int(np.searchsorted(self.hashes, key, "left"))
         hi = int(np.searchsorted(self.hashes, key, "right"))
         return self.rows[lo:hi]
+
+
+def _can_update(old: Files, new: Files) -> bool:
+    """Whether an index of the old files can be updated to the new ones: every data file kept
+    keeps a delete file once it had one, and no file holds rows of later snapshots."""
+    if old.upto is not None or new.upto is not None:
+        return False
+    now = dict(zip(new.paths, new.deletes, strict=True))
+    return all(
+        now[p] is not None
+        for p, d in zip(old.paths, old.deletes, strict=True)
+        if p in now and d is not None
+    )
+
+
+class _Change:
+    """What changed between the files of an index and newer files of its table: which of its
+    rows are still live (`keep`), its data files' places among the new ones (`remap`, -1 when
+    gone) and the new data files (`added`, places in the new files)."""
+
+    def __init__(
+        self,
+        conn: duckdb.DuckDBPyConnection,
+        old: Files,
+        file: np.ndarray[Any, Any],
+        row: np.ndarray[Any, Any],
+        files: Files,
+    ) -> None:
+        where = {p: i for i, p in enumerate(files.paths)}
+        self.remap = np.array([where.get(p, -1) for p in old.paths], file.dtype)
+        self.keep = self.remap[file] >= 0
+        # Rows deleted since: a data file's new delete file lists all its deleted positions.
+        changed = [
+            i
+            for i, (p, d) in enumerate(zip(old.paths, old.deletes, strict=True))
+            if p in where and files.deletes[where[p]] != d
+        ]
+        if changed:
+            gone = conn.execute(
+                "select (?::bigint[])[file_index::integer + 1] as f, pos"
+                " from read_parquet(?, union_by_name = true)",
+                [changed, [files.deletes[where[old.paths[i]]] for i in changed]],
+            ).fetchnumpy()
+            at = np.flatnonzero(np.isin(file, changed))
+            keys = (file[at].astype(np.int64) << 32) | row[at].astype(np.int64)
+            dropped = (gone["f"].astype(np.int64) << 32) | gone["pos"].astype(np.int64)
+            self.keep[at[np.isin(keys, dropped)]] = False
+        known = set(old.paths)
+        self.added = [j for j, p in enumerate(files.paths) if p not in known]
+
+
+def _merge(
+    ranges: dict[Any, tuple[int, int]],
+    kept: np.ndarray[Any, Any],
+    new_groups: list[Any],
+    search: Callable[[int, int, int, int], np.ndarray[Any, Any]],
+) -> tuple[np.ndarray[Any, Any], dict[Any, tuple[int, int]]]:
+    """Where new rows go among sorted old ones, of which only the kept stay.
+
+    Rows come in groups (an account, an account and brand), each old group's rows at [lo, hi)
+    of ranges; new_groups is the group of each new row, in order. search(lo, hi, a, b) gives,
+    for new rows a to b of one group, the old row each goes before (or hi). Returns the place
+    among the kept rows each new row goes before, and each group's range once they are in."""
+    before = np.concatenate([[0], np.cumsum(kept)])  # kept rows before each old row
+    ins = np.empty(len(new_groups), np.int64)
+    groups: dict[Any, tuple[int, int]] = {}
+    for k, g in enumerate(new_groups):
+        groups[g] = (groups.get(g, (k, k))[0], k + 1)
+    out: dict[Any, tuple[int, int]] = {}
+    shift = end = 0
+    for g in sorted(ranges.keys() | groups.keys()):
+        lo, hi = ranges.get(g, (end, end))
+        a, b = groups.get(g, (0, 0))
+        if b > a:
+            ins[a:b] = before[search(lo, hi, a, b)]
+        size = int(before[hi] - before[lo]) + b - a
+        if size:
+            out[g] = (int(before[lo]) + shift, int(before[lo]) + shift + size)
+        shift += b - a
+        end = hi
+    return ins, out
+
+
+def _search_strings(
+    values: pa.Array, new_values: pa.Array
+) -> Callable[[int, int, int, int], np.ndarray[Any, Any]]:
+    """_merge's search over sorted strings: Arrow's binary search (no GIL held, no copy)."""
+
+    def search(lo: int, hi: int, a: int, b: int) -> np.ndarray[Any, Any]:
+        found = pc.search_sorted(values.slice(lo, hi - lo), new_values.slice(a, b - a))
+        return lo + found.to_numpy().astype(np.int64)
+
+    return search
+
+
+def _inserted(
+    n: int, ins: np.ndarray[Any, Any]
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """For n kept items and new ones inserted before positions ins (np.insert's meaning): the
+    new position of each kept item, and of each new one."""
+    kept = np.arange(n)
+    return kept + np.searchsorted(ins, kept, "right"), ins + np.arange(len(ins))
+
+
+def _take_merged(
+    old: pa.Array, stay: np.ndarray[Any, Any], new: pa.Array, ins: np.ndarray[Any, Any]
+) -> pa.Array:
+    """The old values at positions stay, with the new ones inserted before positions ins (of
+    stay). A pass changes few rows: the runs of old rows it left are copied whole (a take of a
+    million strings costs ~10x more); one take when the runs are many and short."""
+    n = len(old)
+    new = new.cast(old.type)
+    order = np.insert(stay, ins, n + np.arange(len(new)))
+    if not len(order):
+        return old.slice(0, 0)
+    cut = np.flatnonzero((np.diff(order) != 1) | (order[1:] == n)) + 1
+    if len(cut) > 20_000:
+        return pa.chunked_array([old, new]).take(order).combine_chunks()
+    starts = [0, *cut.tolist()]
+    ends = [*cut.tolist(), len(order)]
+    return pa.concat_arrays(
+        [
+            old.slice(p, e - s) if p < n else new.slice(p - n, e - s)
+            for s, e, p in zip(starts, ends, order[starts].tolist(), strict=True)
+        ]
+    )
 
 
 class _KeyIndex:
@@ -134,20 +280,53 @@ class _KeyIndex:
 
     Arrow and Python order strings alike: Arrow by their UTF-8 bytes, Python by code points."""
 
-    def __init__(self, account: pa.Array, values: pa.Array) -> None:
+    def __init__(
+        self, rows: np.ndarray[Any, Any], values: pa.Array, accounts: dict[str, tuple[int, int]]
+    ) -> None:
+        self.rows, self.values, self.accounts = rows, values, accounts
+
+    @classmethod
+    def build(cls, account: pa.Array, values: pa.Array) -> _KeyIndex:
         valid = np.flatnonzero(values.is_valid().to_numpy(zero_copy_only=False))
         keys = pa.table({"a": account.take(valid), "v": values.take(valid)})
         order = pc.sort_indices(keys, sort_keys=[("a", "ascending"), ("v", "ascending")])
-        self.rows = valid[order.to_numpy()]
-        self.values = values.take(self.rows)
-        codes = account.take(self.rows).dictionary_encode()
+        rows = valid[order.to_numpy()]
+        codes = account.take(rows).dictionary_encode()
         runs = codes.indices.to_numpy(zero_copy_only=False)
         bounds = [0, *(np.flatnonzero(np.diff(runs)) + 1).tolist(), len(runs)]
-        self.accounts = {
+        accounts = {
             str(codes.dictionary[int(runs[lo])].as_py()): (lo, hi)
             for lo, hi in zip(bounds[:-1], bounds[1:], strict=False)
             if hi > lo
         }
+        return cls(rows, values.take(rows), accounts)
+
+    def updated(
+        self,
+        moved: np.ndarray[Any, Any],
+        accounts: list[str],
+        values: pa.Array,
+        rows: np.ndarray[Any, Any],
+    ) -> _KeyIndex:
+        """This index after its rows moved (row r to moved[r]; -1: gone) and rows were added
+        (their accounts, keys and rows)."""
+        where = moved[self.rows]
+        kept = where >= 0
+        valid = np.flatnonzero(values.is_valid().to_numpy(zero_copy_only=False))
+        new = pa.table({"a": pa.array(accounts, pa.string()).take(valid), "v": values.take(valid)})
+        order = pc.sort_indices(new, sort_keys=[("a", "ascending"), ("v", "ascending")])
+        new = new.take(order)
+        new_values = new["v"].combine_chunks()
+        stay = np.flatnonzero(kept)
+        ins, out = _merge(
+            self.accounts, kept, new["a"].to_pylist(), _search_strings(self.values, new_values)
+        )
+        new_rows = rows[valid[order.to_numpy()]]
+        return _KeyIndex(
+            np.insert(where[stay], ins, new_rows),
+            _take_merged(self.values, stay, new_values, ins),
+            out,
+        )
 
     def rows_of(self, account_id: str, value: str) -> list[int]:
         lo, hi = self.accounts.get(account_id, (0, 0))
@@ -249,29 +428,101 @@ def _groups(
     return out
 
 
-class CustomerIndex:
-    """Customers ordered by account and customer id (the profile list's order)."""
+def _rows_of(
+    conn: duckdb.DuckDBPyConnection, files: Files, which: list[int], columns: str, order: str
+) -> pa.Table:
+    """Columns of the live rows of some of the files, with `file` (a place in files.paths) and
+    `row`, in an order (an empty table, with the columns' types, when which is empty)."""
+    part = Files(
+        tuple(files.paths[j] for j in which),
+        tuple(files.deletes[j] for j in which),
+        tuple(files.rows[j] for j in which),
+        files.upto,
+    )
+    if not which:
+        part = Files(files.paths[:1], files.deletes[:1], files.rows[:1], files.upto)
+    live, params = _live(part)
+    return conn.execute(
+        f"select {columns}, (?::bigint[])[file + 1] as file, row from {live}"
+        f" where {'true' if which else 'false'} order by {order}",
+        [which or [0], *params],
+    ).to_arrow_table()
 
-    def __init__(self, conn: duckdb.DuckDBPyConnection, files: Files) -> None:
-        live, params = _live(files)
+
+class CustomerIndex:
+    """Customers ordered by account and customer id (the profile list's order).
+
+    Built from all the files, or updated from the index of an earlier snapshot (as EventIndex):
+    kept rows stay in order, the new ones are merged in by Arrow's binary search."""
+
+    def __init__(
+        self, conn: duckdb.DuckDBPyConnection, files: Files, previous: CustomerIndex | None = None
+    ) -> None:
+        self.files = files
+        self.reader = _Rows(files)
+        self.updated = previous is not None and _can_update(previous.files, files)
+        if self.updated:
+            assert previous is not None
+            self._update(conn, previous)
+        else:
+            self._build(conn)
+        self.rows = len(self.file)
+        self.file_rows = _file_rows(self.file, files)
+
+    def _build(self, conn: duckdb.DuckDBPyConnection) -> None:
+        live, params = _live(self.files)
         # One ORDER BY over the rows of all the files: the list's order across files.
         t = conn.execute(
-            "select account_id, user_id, customer_id, email_lower, traits, file, row"
-            f" from {live} order by account_id, customer_id",
+            f"select {_CUSTOMER_COLUMNS}, file, row from {live} order by account_id, customer_id",
             params,
         ).to_arrow_table()
         self.file = t["file"].to_numpy()
         self.row = t["row"].to_numpy()
-        self.file_rows = _file_rows(self.file, files)
-        self.reader = _Rows(files)
         self.cols = {c: t[c].combine_chunks() for c in _KEY.values()}
         self.account = t["account_id"].combine_chunks()
         self.traits = t["traits"].combine_chunks()
+        self.accounts = {k[0]: v for k, v in _groups(conn, "account_id", self.files).items()}
         self.by = {
-            id_type: _KeyIndex(self.account, self.cols[col]) for id_type, col in _KEY.items()
+            "userId": _KeyIndex.build(self.account, self.cols["user_id"]),
+            "email": _KeyIndex.build(self.account, self.cols["email_lower"]),
+            # The list's own order.
+            "id": _KeyIndex(np.arange(t.num_rows), self.cols["customer_id"], self.accounts),
         }
-        self.rows = t.num_rows
-        self.accounts = {k[0]: v for k, v in _groups(conn, "account_id", files).items()}
+
+    def _update(self, conn: duckdb.DuckDBPyConnection, old: CustomerIndex) -> None:
+        change = _Change(conn, old.files, old.file, old.row, self.files)
+        new = _rows_of(conn, self.files, change.added, _CUSTOMER_COLUMNS, "account_id, customer_id")
+        stay = np.flatnonzero(change.keep)
+        accounts = new["account_id"].to_pylist()
+        ins, self.accounts = _merge(
+            old.accounts,
+            change.keep,
+            accounts,
+            _search_strings(old.cols["customer_id"], new["customer_id"].combine_chunks()),
+        )
+        old_at, new_at = _inserted(len(stay), ins)
+        moved = np.full(len(old.file), -1, np.int64)
+        moved[stay] = old_at
+
+        def merged(values: pa.Array, column: str) -> pa.Array:
+            return _take_merged(values, stay, new[column].combine_chunks(), ins)
+
+        self.file = np.insert(
+            change.remap[old.file][stay], ins, new["file"].to_numpy().astype(old.file.dtype)
+        )
+        self.row = np.insert(old.row[stay], ins, new["row"].to_numpy().astype(old.row.dtype))
+        self.cols = {c: merged(old.cols[c], c) for c in _KEY.values()}
+        self.account = merged(old.account, "account_id")
+        self.traits = merged(old.traits, "traits")
+        self.by = {
+            "userId": old.by["userId"].updated(
+                moved, accounts, new["user_id"].combine_chunks(), new_at
+            ),
+            "email": old.by["email"].updated(
+                moved, accounts, new["email_lower"].combine_chunks(), new_at
+            ),
+            "id": _KeyIndex(np.arange(len(self.file)), self.cols["customer_id"], self.accounts),
+        }
 
     def page(
         self, account_id: str, after: str | None, offset: int, size: int
@@ -305,11 +556,35 @@ class CustomerIndex:
 
 
 class EventIndex:
-    """Events ordered as the API lists them: by account, brand, event time, event id."""
+    """Events ordered as the API lists them: by account, brand, event time, event id.
 
-    def __init__(self, conn: duckdb.DuckDBPyConnection, files: Files) -> None:
+    Built from all the files, or updated from the index of an earlier snapshot of the same
+    table: a pipeline pass deletes some rows (new delete files) and adds rows in new files, a
+    small part of a big table. The update drops the deleted rows and merges the new ones in, in
+    numpy (no sort of the table's rows, no read of its strings): ~10x faster at 10M events."""
+
+    def __init__(
+        self, conn: duckdb.DuckDBPyConnection, files: Files, previous: EventIndex | None = None
+    ) -> None:
+        self.files = files
         self.reader = _Rows(files)
-        live, params = _live(files)
+        self.updated = previous is not None and _can_update(previous.files, files)
+        if self.updated:
+            assert previous is not None
+            self._update(conn, previous)
+        else:
+            self._build(conn)
+        self.n = len(self.t)
+        self.file_rows = _file_rows(self.file, files)
+        # The positions of each action in each account and brand.
+        self.by_action: dict[tuple[str, str, int], np.ndarray[Any, Any]] = {}
+        for (a, b), (lo, hi) in self.groups.items():
+            codes = self.action[lo:hi]
+            for code in np.unique(codes):
+                self.by_action[(a, b, int(code))] = np.nonzero(codes == code)[0] + lo
+
+    def _build(self, conn: duckdb.DuckDBPyConnection) -> None:
+        live, params = _live(self.files)
         self.action_names = [
             str(r[0])
             for r in conn.execute(
@@ -327,22 +602,65 @@ class EventIndex:
             f" from {live} order by account_id, brand_id, event_time, event_id",
             [self.action_names, *params],
         ).to_arrow_table()
-        self.n = t.num_rows
         self.t = t["t"].to_numpy()
         self.file = t["file"].to_numpy()
         self.row = t["row"].to_numpy()
-        self.file_rows = _file_rows(self.file, files)
         self.action = t["action"].to_numpy()
         self.by_customer = _HashIndex(t["h_customer"].to_numpy())
         del t
-        # Contiguous (lo, hi) of each account and brand, and the positions of each action in it.
-        self.groups: dict[tuple[str, str], tuple[int, int]] = {}
-        self.by_action: dict[tuple[str, str, int], np.ndarray[Any, Any]] = {}
-        for (a, b), (lo, hi) in _groups(conn, "account_id, brand_id", files).items():
-            self.groups[(a, b)] = (lo, hi)
-            codes = self.action[lo:hi]
-            for code in np.unique(codes):
-                self.by_action[(a, b, int(code))] = np.nonzero(codes == code)[0] + lo
+        # Contiguous (lo, hi) of each account and brand.
+        self.groups = {
+            (a, b): v for (a, b), v in _groups(conn, "account_id, brand_id", self.files).items()
+        }
+
+    def _update(self, conn: duckdb.DuckDBPyConnection, old: EventIndex) -> None:
+        change = _Change(conn, old.files, old.file, old.row, self.files)
+        keep = change.keep
+        new = _rows_of(
+            conn,
+            self.files,
+            change.added,
+            "account_id, brand_id, event_id, epoch_us(event_time) as t, event_action,"
+            " hash(account_id, customer_id) as h_customer",
+            "account_id, brand_id, event_time, event_id",
+        )
+        new_actions = new["event_action"].to_pylist()
+        self.action_names = sorted(set(old.action_names) | {a for a in new_actions if a})
+        code = {a: i for i, a in enumerate(self.action_names)}
+        # Old codes to new ones; the last entry keeps -1 (no action) at -1.
+        recode = np.array([code[a] for a in old.action_names] + [-1], np.int32)
+        new_t = new["t"].to_numpy()
+        new_ids = new["event_id"].to_pylist()
+
+        def search(lo: int, hi: int, a: int, b: int) -> np.ndarray[Any, Any]:
+            times = old.t[lo:hi]
+            left = lo + np.searchsorted(times, new_t[a:b], "left")
+            right = lo + np.searchsorted(times, new_t[a:b], "right")
+            for j in np.flatnonzero(right > left):  # the same event time: the event id decides
+                tied = np.flatnonzero(keep[left[j] : right[j]]) + left[j]
+                ids = old.reader.read(
+                    "event_id", [(int(old.file[p]), int(old.row[p])) for p in tied]
+                )
+                k = bisect.bisect_left(ids, new_ids[a + j])
+                left[j] = tied[k] if k < len(tied) else right[j]
+            return left
+
+        groups = list(zip(new["account_id"].to_pylist(), new["brand_id"].to_pylist(), strict=True))
+        ins, self.groups = _merge(old.groups, keep, groups, search)
+        stay = np.flatnonzero(keep)
+        moved = np.full(len(old.t), -1, np.int64)
+        moved[stay], placed = _inserted(len(stay), ins)
+
+        def merged(old_values: np.ndarray[Any, Any], new_values: np.ndarray[Any, Any]) -> Any:
+            return np.insert(old_values[keep], ins, new_values.astype(old_values.dtype))
+
+        self.t = merged(old.t, new_t)
+        self.action = merged(
+            recode[old.action], np.array([code[a] if a else -1 for a in new_actions], np.int32)
+        )
+        self.file = merged(change.remap[old.file], new["file"].to_numpy())
+        self.row = merged(old.row, new["row"].to_numpy())
+        self.by_customer = old.by_customer.moved(moved, new["h_customer"].to_numpy(), placed)
 
     # --- pages -------------------------------------------------------------------------------
 
@@ -432,11 +750,21 @@ class EventIndex:
 class Index:
     """Customers and events of one build."""
 
-    def __init__(self, customers: Files, events: Files) -> None:
+    customers: CustomerIndex
+    events: EventIndex
+
+    def __init__(
+        self, customers: Files, events: Files, version: int = 0, previous: Index | None = None
+    ) -> None:
+        """The index of the files of a snapshot (version), updated from an index of an earlier
+        snapshot of the same tables when given one."""
+        self.version = version
         conn = duckdb.connect()
         try:
-            self.customers = CustomerIndex(conn, customers)
-            self.events = EventIndex(conn, events)
+            self.customers = CustomerIndex(
+                conn, customers, previous.customers if previous else None
+            )
+            self.events = EventIndex(conn, events, previous.events if previous else None)
         finally:
             conn.close()
         self.key = (customers, events)

@@ -281,7 +281,7 @@ class Warehouse:
         if key in self._unusable:
             return None
         if size <= INLINE_BUILD_BYTES:
-            return self._build(key)
+            return self._build(key, version)
         self._follow(version)
         return None
 
@@ -337,17 +337,20 @@ class Warehouse:
                 key = (found[0], found[1])
                 idx = self._indexes.get(key)
                 if idx is None and key not in self._unusable:
-                    idx = self._build(key)
+                    idx = self._build(key, version)
                 if idx is not None:
                     self._served(version, found[2])
             with self._build_lock:
                 if self._wanted == version:
                     self._wanted = None
 
-    def _build(self, key: tuple[Files, Files]) -> Index | None:
+    def _build(self, key: tuple[Files, Files], version: int) -> Index | None:
         t0 = time.monotonic()
+        # Updated from the newest index of an earlier snapshot: most of its rows are this
+        # one's too, and a data file's deletes then only grow.
+        earlier = [i for i in self._indexes.values() if i.version <= version]
         try:
-            idx = Index(*key)
+            idx = Index(*key, version, previous=max(earlier, key=lambda i: i.version, default=None))
             # Each file's live rows in the index must be DuckLake's, or it would silently miss
             # some or answer with deleted ones (deletes inlined in the catalog).
             if (idx.customers.file_rows, idx.events.file_rows) != (key[0].rows, key[1].rows):
