@@ -13,6 +13,10 @@ of each delete, and stands for the earlier snapshots too (the older delete file 
 catalog). An index holds the rows of the data files that their delete files leave, as of one
 snapshot, and is keyed by those files, not by snapshot: a pipeline commits many snapshots, and
 the index stays valid for every snapshot whose data and delete files are the same.
+
+A pass changes a small part of the marts: the index of its snapshot is the previous index with
+the rows its new delete files list dropped and the rows of its new data files merged in, in
+order (~1-3 s at 10M events against 6-10 s for a build from the files).
 """
 
 from __future__ import annotations

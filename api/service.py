@@ -22,6 +22,7 @@ from api.index import Files, Index, newest_snapshot
 from api.params import EventQuery
 from mallard.errors import InvalidRequest, Unavailable
 from mallard.paths import DataPaths
+from mallard.priority import yield_cpu
 from mallard.warehouse import connect
 
 log = logging.getLogger(__name__)
@@ -57,9 +58,10 @@ def _missing_table(e: duckdb.Error) -> bool:
 
 
 class Warehouse:
-    def __init__(self, paths: DataPaths, use_index: bool = True) -> None:
+    def __init__(self, paths: DataPaths, use_index: bool = True, build_nice: int = 0) -> None:
         self.paths = paths
         self.use_index = use_index
+        self.build_nice = build_nice  # the background index builds' niceness
         self._keys: dict[int, tuple[Files, Files, int] | None] = {}  # version -> files, bytes
         self._indexes: dict[tuple[Files, Files], Index] = {}
         self._unusable: set[tuple[Files, Files]] = set()
@@ -321,7 +323,9 @@ class Warehouse:
 
     def _builder(self) -> None:
         """Index the newest wanted version, one at a time: a pipeline run replaces the marts in
-        several commits, and only the last of them is worth indexing."""
+        several commits, and only the last of them is worth indexing. At build_nice: the
+        requests answered meanwhile come first (the build's DuckDB threads inherit it)."""
+        yield_cpu(self.build_nice)
         while True:
             with self._build_lock:
                 version = self._wanted

@@ -79,6 +79,9 @@ def _print_creds(creds: dict[str, str]) -> None:
     print(f"  writeKey: {creds['writeKey']}")
 
 
+SERVE_SWITCH_INTERVAL_S = 0.0005
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -88,6 +91,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not DataPaths(settings.data_dir).control_db.exists():
         print(f"{settings.data_dir} is not initialised: run `mallard init` first", file=sys.stderr)
         return 2
+    # A request thread waiting for the GIL gets it after at most this long (Python's default:
+    # 5 ms): a short read (traits, ~1 ms) no longer waits 5 ms behind a long one (an events
+    # page, the read index being built) that holds the GIL in Python code.
+    sys.setswitchinterval(SERVE_SWITCH_INTERVAL_S)
     base = f"http://{args.host}:{args.port}"
     print(f"Mallard serving {settings.data_dir}", flush=True)
     print(f"  ingestion + read API: {base}/track/<clientId>/<accountId>/<BRANDID>/v1/", flush=True)

@@ -38,8 +38,9 @@ class Settings:
     limits: Limits = field(default_factory=Limits)
     # Query parameter of the hosted preferences page that carries the subscription id.
     prefs_query_param: str = "s"
-    # The niceness the pipeline's model builds run at: on a shared machine the API's reads
-    # come first and the build waits (at 10M, traits p99 during a pass went from 24 to 10 ms).
+    # The niceness the pipeline's model builds and the API's background read-index builds run
+    # at: on a shared machine the API's reads come first and the builds wait (at 10M, traits
+    # p99 during a pass went from 24 to 10 ms with the pipeline's).
     pipeline_nice: int = 10
 
     def with_data_dir(self, data_dir: str | Path) -> Settings:

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from mallard.paths import DataPaths
+from mallard.priority import yield_cpu
 from mallard.settings import get_settings
 from orchestration.warehouse import ensure_secret
 
@@ -56,7 +57,4 @@ def ensure_dagster_home(paths: DataPaths) -> Path:
 def yield_cpu_to_readers() -> None:
     """Run this process (and the dbt it starts) at MALLARD_PIPELINE_NICE, so a build on the same
     machine as the API takes the CPU the API's reads leave. Niceness only ever rises."""
-    target = get_settings().pipeline_nice
-    current = os.nice(0)
-    if target > current:
-        os.nice(target - current)
+    yield_cpu(get_settings().pipeline_nice)

@@ -5,6 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
 
 
 def _nice_after(env: dict[str, str], calls: int) -> int:
@@ -31,3 +36,26 @@ def test_builds_run_at_the_configured_niceness_once() -> None:
     assert _nice_after({"MALLARD_PIPELINE_NICE": str(base + 7)}, 3) == base + 7
     # Never lowered (that would need privileges, and is not this setting's job).
     assert _nice_after({"MALLARD_PIPELINE_NICE": "0"}, 1) == base
+
+
+def test_the_read_index_builder_thread_alone_yields(tmp_path: Path) -> None:
+    """The API's background index builds run niced; its request threads keep their priority."""
+    from api import service
+    from api.service import Warehouse
+    from mallard.paths import DataPaths
+
+    seen: list[tuple[int, int]] = []
+    main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    wh = Warehouse(DataPaths(tmp_path), build_nice=main + 5)
+
+    def files_of(self: Warehouse, version: int) -> None:
+        seen.append((version, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(service.Warehouse, "_files_of", files_of)
+        wh._follow(7)
+        deadline = time.monotonic() + 10
+        while wh._builder_running and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert seen == [(7, main + 5)]
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == main
