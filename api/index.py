@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Self
 
 import duckdb
 import numpy as np
@@ -453,25 +453,43 @@ def _rows_of(
     ).to_arrow_table()
 
 
-class CustomerIndex:
-    """Customers ordered by account and customer id (the profile list's order).
+class _TableIndex:
+    """An index of a table's live rows, from its files at one snapshot: built from all the files,
+    or updated from the index of an earlier snapshot of the table. A pipeline pass deletes some
+    rows (new delete files) and adds rows in new files, a small part of a big table: the update
+    drops the deleted rows and merges the new ones in, in order, without sorting or reading the
+    rows it keeps."""
 
-    Built from all the files, or updated from the index of an earlier snapshot (as EventIndex):
-    kept rows stay in order, the new ones are merged in by Arrow's binary search."""
+    file: np.ndarray[Any, Any]  # the data file of each row (its place in files.paths)
 
     def __init__(
-        self, conn: duckdb.DuckDBPyConnection, files: Files, previous: CustomerIndex | None = None
+        self, conn: duckdb.DuckDBPyConnection, files: Files, previous: Self | None = None
     ) -> None:
         self.files = files
         self.reader = _Rows(files)
         self.updated = previous is not None and _can_update(previous.files, files)
-        if self.updated:
-            assert previous is not None
+        if previous is not None and self.updated:
             self._update(conn, previous)
         else:
             self._build(conn)
-        self.rows = len(self.file)
         self.file_rows = _file_rows(self.file, files)
+
+    def _build(self, conn: duckdb.DuckDBPyConnection) -> None:
+        raise NotImplementedError
+
+    def _update(self, conn: duckdb.DuckDBPyConnection, old: Self) -> None:
+        raise NotImplementedError
+
+
+class CustomerIndex(_TableIndex):
+    """Customers ordered by account and customer id (the profile list's order). An update
+    finds the place of each new row by Arrow's binary search and copies the runs of kept rows."""
+
+    def __init__(
+        self, conn: duckdb.DuckDBPyConnection, files: Files, previous: Self | None = None
+    ) -> None:
+        super().__init__(conn, files, previous)
+        self.rows = len(self.file)
 
     def _build(self, conn: duckdb.DuckDBPyConnection) -> None:
         live, params = _live(self.files)
@@ -493,7 +511,7 @@ class CustomerIndex:
             "id": _KeyIndex(np.arange(t.num_rows), self.cols["customer_id"], self.accounts),
         }
 
-    def _update(self, conn: duckdb.DuckDBPyConnection, old: CustomerIndex) -> None:
+    def _update(self, conn: duckdb.DuckDBPyConnection, old: Self) -> None:
         change = _Change(conn, old.files, old.file, old.row, self.files)
         new = _rows_of(conn, self.files, change.added, _CUSTOMER_COLUMNS, "account_id, customer_id")
         stay = np.flatnonzero(change.keep)
@@ -559,27 +577,16 @@ class CustomerIndex:
         return [(cid, doc) for (cid, _), doc in zip(rows, docs, strict=True)]
 
 
-class EventIndex:
-    """Events ordered as the API lists them: by account, brand, event time, event id.
-
-    Built from all the files, or updated from the index of an earlier snapshot of the same
-    table: a pipeline pass deletes some rows (new delete files) and adds rows in new files, a
-    small part of a big table. The update drops the deleted rows and merges the new ones in, in
-    numpy (no sort of the table's rows, no read of its strings): ~10x faster at 10M events."""
+class EventIndex(_TableIndex):
+    """Events ordered as the API lists them: by account, brand, event time, event id. An update
+    works in numpy, reading event ids only for new events at the time of kept ones: at 10M events
+    ~1.5-2.6 s against ~6.4 s for a build (a small pass)."""
 
     def __init__(
-        self, conn: duckdb.DuckDBPyConnection, files: Files, previous: EventIndex | None = None
+        self, conn: duckdb.DuckDBPyConnection, files: Files, previous: Self | None = None
     ) -> None:
-        self.files = files
-        self.reader = _Rows(files)
-        self.updated = previous is not None and _can_update(previous.files, files)
-        if self.updated:
-            assert previous is not None
-            self._update(conn, previous)
-        else:
-            self._build(conn)
+        super().__init__(conn, files, previous)
         self.n = len(self.t)
-        self.file_rows = _file_rows(self.file, files)
         # The positions of each action in each account and brand.
         self.by_action: dict[tuple[str, str, int], np.ndarray[Any, Any]] = {}
         for (a, b), (lo, hi) in self.groups.items():
@@ -617,7 +624,7 @@ class EventIndex:
             (a, b): v for (a, b), v in _groups(conn, "account_id, brand_id", self.files).items()
         }
 
-    def _update(self, conn: duckdb.DuckDBPyConnection, old: EventIndex) -> None:
+    def _update(self, conn: duckdb.DuckDBPyConnection, old: Self) -> None:
         change = _Change(conn, old.files, old.file, old.row, self.files)
         keep = change.keep
         new = _rows_of(
