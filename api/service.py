@@ -8,10 +8,12 @@ Traits and event pages come from an in-memory index of the snapshot's files when
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -32,6 +34,10 @@ INLINE_BUILD_BYTES = 32 * 1024 * 1024
 # A missed change to the catalog's files is picked up after at most this long.
 SNAPSHOT_MAX_AGE_S = 1.0
 FRESHNESS_HEADERS = ("x-mallard-data-through", "x-mallard-built-at", "x-mallard-snapshot")
+
+
+class WouldBlock(Exception):
+    """Raised, inside Warehouse.memory_only(), where an answer would need I/O."""
 
 
 @dataclass(frozen=True)
@@ -125,7 +131,20 @@ class Warehouse:
             self._local.cur = cur
         return cur
 
+    @contextlib.contextmanager
+    def memory_only(self) -> Iterator[None]:
+        """Within: raise WouldBlock instead of querying the lake or building an index, so a
+        handler can answer on the event loop when everything it needs is in memory (a traits
+        lookup: ~60 us), and go to a worker thread only when not."""
+        self._local.memory_only = True
+        try:
+            yield
+        finally:
+            self._local.memory_only = False
+
     def _query(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+        if getattr(self._local, "memory_only", False):
+            raise WouldBlock
         # The SQLite catalog may be briefly busy while the pipeline commits: retry, then 503.
         for attempt in range(5):
             try:
@@ -349,6 +368,8 @@ class Warehouse:
                     self._wanted = None
 
     def _build(self, key: tuple[Files, Files], version: int) -> Index | None:
+        if getattr(self._local, "memory_only", False):
+            raise WouldBlock
         t0 = time.monotonic()
         # Updated from the newest index of an earlier snapshot: most of its rows are this
         # one's too, and a data file's deletes then only grow.

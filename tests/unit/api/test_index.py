@@ -584,3 +584,28 @@ def test_merged_strings_keep_old_runs_and_insert_new_ones(changes: int) -> None:
     ins = np.sort(rnd.integers(0, len(stay) + 1, changes))
     want = np.insert(np.array(old.to_pylist(), object)[stay], ins, new.to_pylist()).tolist()
     assert _take_merged(old, stay, new, ins).to_pylist() == want
+
+
+def test_memory_only_answers_from_the_index_or_would_block(
+    lake: DataPaths, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A traits lookup runs on the event loop only when it needs no I/O; else WouldBlock sends
+    it to a worker thread."""
+    from api import service
+    from api.service import WouldBlock
+
+    monkeypatch.setattr(service, "SNAPSHOT_MAX_AGE_S", 600.0)  # no catalog re-check in the test
+    wh, sql = Warehouse(lake), Warehouse(lake, use_index=False)
+    with wh.memory_only(), pytest.raises(WouldBlock):
+        wh.snapshot()  # the current snapshot is not known yet
+    snap = wh.snapshot()
+    assert wh.index(snap) is not None
+    with wh.memory_only():
+        assert wh.snapshot() == snap
+        got = wh.customers_by(snap, "shop", "userId", "u-1", "traits")
+    assert got and got == sql.customers_by(snap, "shop", "userId", "u-1", "traits")
+    sql.snapshot()
+    with sql.memory_only(), pytest.raises(WouldBlock):
+        sql.customers_by(snap, "shop", "userId", "u-1", "traits")  # no index: SQL on the lake
+    with wh.memory_only(), pytest.raises(WouldBlock):
+        wh.snapshot(snap.version - 1)  # a scroll's older snapshot: its freshness is read
