@@ -9,8 +9,8 @@
 
 -- Incremental passes fold the messages a pass rewrote into each changed customer's stored row
 -- (see merging() in macros/incremental_window.sql): created and last activity by min and max,
--- firstEvent/lastEvent from the winners of int_customer_event_winners, whose objects are built
--- from the rewritten messages or, for an unchanged winner, taken from the stored row.
+-- firstEvent/lastEvent from the winners of int_customer_event_winners: the members of the winners
+-- a pass changed are built from the rewritten messages and replace theirs in the stored objects.
 
 -- Only the columns used: the CTE is read twice, so DuckDB materializes it.
 with messages as (
@@ -52,7 +52,8 @@ regulations as (
 ),
 
 {% if merging() -%}
-stored as (
+-- Used by first_last on passes (the noqa: sqlfluff also lints a mix of the two builds).
+stored as (  -- noqa: ST03
     select
         customer_id,
         account_id,
@@ -67,23 +68,6 @@ stored as (
         ) as parts
     from {{ this }}
     {{ where_stored_merged() }}
-),
-
--- Used on passes only (the noqa: sqlfluff also lints a mix of the two builds).
-stored_objects as (  -- noqa: ST03
-    select
-        stored.customer_id,
-        'first' as end_of_history,
-        objects.key as event_action,
-        objects.value as event_object
-    from stored, json_each(stored.parts[3]) as objects
-    union all
-    select
-        stored.customer_id,
-        'last' as end_of_history,
-        objects.key as event_action,
-        objects.value as event_object
-    from stored, json_each(stored.parts[4]) as objects
 ),
 {%- endif %}
 
@@ -159,38 +143,67 @@ event_objects as (
     semi join winner_ids on messages.event_id = winner_ids.event_id
 ),
 
-first_last as (
+-- The firstEvent/lastEvent members this build makes: every winner's on a full build; on a pass,
+-- those of the winners the pass changed (their event is among the rewritten messages), with an
+-- object that removes them from the stored objects.
+first_changes as (
     select
         winners.customer_id,
-        {{ json_object_agg(
-            'winners.event_action',
-            'coalesce(first_objects.event_object'
-            ~ (', stored_first.event_object' if merging() else '') ~ ')',
-            sorted=false,
-        ) }} as first_event,
-        {{ json_object_agg(
-            'winners.event_action',
-            'coalesce(last_objects.event_object'
-            ~ (', stored_last.event_object' if merging() else '') ~ ')',
-            sorted=false,
-        ) }} as last_event
+        {{ json_object_agg('winners.event_action', 'objects.event_object', sorted=false) }}
+            as objects,
+        {{ json_object_agg('winners.event_action', "'null'", sorted=false)
+            if merging() else 'null::json' }} as removals
     from winners
-    left join event_objects as first_objects on winners.first_event_id = first_objects.event_id
-    left join event_objects as last_objects on winners.last_event_id = last_objects.event_id
-    {% if merging() -%}
-    left join stored_objects as stored_first  -- noqa: ST11
-        on
-            winners.customer_id = stored_first.customer_id
-            and winners.event_action = stored_first.event_action
-            and stored_first.end_of_history = 'first'
-    left join stored_objects as stored_last  -- noqa: ST11
-        on
-            winners.customer_id = stored_last.customer_id
-            and winners.event_action = stored_last.event_action
-            and stored_last.end_of_history = 'last'
-    {%- endif %}
+    inner join event_objects as objects on winners.first_event_id = objects.event_id
     group by winners.customer_id
 ),
+
+last_changes as (
+    select
+        winners.customer_id,
+        {{ json_object_agg('winners.event_action', 'objects.event_object', sorted=false) }}
+            as objects,
+        {{ json_object_agg('winners.event_action', "'null'", sorted=false)
+            if merging() else 'null::json' }} as removals
+    from winners
+    inner join event_objects as objects on winners.last_event_id = objects.event_id
+    group by winners.customer_id
+),
+
+{% if merging() -%}
+-- On a pass, the changed members replace theirs in the stored objects (removed, then set: a
+-- merge patch alone would merge an old event object into the new one), and the others stay as
+-- stored. No stored object is taken apart into rows and aggregated again: at 10M messages that
+-- took the customers model 17 s a pass, this 11 s.
+first_last as (
+    select
+        base.customer_id,
+        json_merge_patch(
+            coalesce(stored.parts[3], '{}'),
+            coalesce(first_changes.removals, '{}'),
+            coalesce(first_changes.objects, '{}')
+        ) as first_event,
+        json_merge_patch(
+            coalesce(stored.parts[4], '{}'),
+            coalesce(last_changes.removals, '{}'),
+            coalesce(last_changes.objects, '{}')
+        ) as last_event
+    from base
+    left join stored on base.customer_id = stored.customer_id
+    left join first_changes on base.customer_id = first_changes.customer_id
+    left join last_changes on base.customer_id = last_changes.customer_id
+),
+{%- else %}
+first_last as (
+    select
+        base.customer_id,
+        first_changes.objects as first_event,
+        last_changes.objects as last_event
+    from base
+    inner join first_changes on base.customer_id = first_changes.customer_id
+    inner join last_changes on base.customer_id = last_changes.customer_id
+),
+{%- endif %}
 
 assembled as (
     select
