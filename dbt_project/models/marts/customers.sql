@@ -146,7 +146,8 @@ event_objects as (
 -- The firstEvent/lastEvent members this build makes: every winner's on a full build; on a pass,
 -- those of the winners the pass changed (their event is among the rewritten messages), with an
 -- object that removes them from the stored objects.
-first_changes as (
+{% for end_of_history in ['first', 'last'] -%}
+{{ end_of_history }}_changes as (
     select
         winners.customer_id,
         {{ json_object_agg('winners.event_action', 'objects.event_object', sorted=false) }}
@@ -154,22 +155,12 @@ first_changes as (
         {{ json_object_agg('winners.event_action', "'null'", sorted=false)
             if merging() else 'null::json' }} as removals
     from winners
-    inner join event_objects as objects on winners.first_event_id = objects.event_id
+    inner join event_objects as objects
+        on winners.{{ end_of_history }}_event_id = objects.event_id
     group by winners.customer_id
 ),
 
-last_changes as (
-    select
-        winners.customer_id,
-        {{ json_object_agg('winners.event_action', 'objects.event_object', sorted=false) }}
-            as objects,
-        {{ json_object_agg('winners.event_action', "'null'", sorted=false)
-            if merging() else 'null::json' }} as removals
-    from winners
-    inner join event_objects as objects on winners.last_event_id = objects.event_id
-    group by winners.customer_id
-),
-
+{% endfor -%}
 {% if merging() -%}
 -- On a pass, the changed members replace theirs in the stored objects (removed, then set: a
 -- merge patch alone would merge an old event object into the new one), and the others stay as
