@@ -142,9 +142,13 @@ class Warehouse:
         finally:
             self._local.memory_only = False
 
-    def _query(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+    def _unless_memory_only(self) -> None:
+        """Called before any I/O: inside memory_only(), raises WouldBlock instead."""
         if getattr(self._local, "memory_only", False):
             raise WouldBlock
+
+    def _query(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+        self._unless_memory_only()
         # The SQLite catalog may be briefly busy while the pipeline commits: retry, then 503.
         for attempt in range(5):
             try:
@@ -368,8 +372,7 @@ class Warehouse:
                     self._wanted = None
 
     def _build(self, key: tuple[Files, Files], version: int) -> Index | None:
-        if getattr(self._local, "memory_only", False):
-            raise WouldBlock
+        self._unless_memory_only()
         t0 = time.monotonic()
         # Updated from the newest index of an earlier snapshot: most of its rows are this
         # one's too, and a data file's deletes then only grow.
