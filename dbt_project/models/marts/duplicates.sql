@@ -9,8 +9,14 @@
     )
 }}
 
+-- Only the columns counted: the CTE is read twice, so DuckDB materializes it.
 with messages as (
-    select * from {{ ref('stg_messages') }}
+    select
+        account_id,
+        message_id,
+        received_at,
+        loaded_at
+    from {{ ref('stg_messages') }}
 ),
 
 {% if is_incremental() %}

@@ -18,10 +18,14 @@ with messages as (
     select * from {{ ref('int_messages_identified') }}
     {{ where_rewritten() }}
     {% if is_incremental() -%}
+    {{ set_hash_bits('mallard_email_changed_bits', email_changed_customers()) }}
     union all
     select * from {{ ref('int_messages_identified') }}
     where
-        not ({{ in_window('pass_through') }})
+        -- The bitmap first (see hash_bits_filter): a pass of 1,000 messages read every stored
+        -- message's columns here for 3.1 s, and 0.6 s behind it.
+        {{ hash_bits_filter('mallard_email_changed_bits', 'customer_id') }}
+        and not ({{ in_window('pass_through') }})
         and customer_id in ({{ email_changed_customers() }})
     {%- endif %}
 ),
