@@ -609,3 +609,34 @@ def test_memory_only_answers_from_the_index_or_would_block(
         sql.customers_by(snap, "shop", "userId", "u-1", "traits")  # no index: SQL on the lake
     with wh.memory_only(), pytest.raises(WouldBlock):
         wh.snapshot(snap.version - 1)  # a scroll's older snapshot: its freshness is read
+
+
+def test_snapshot_recheck_answers_from_memory_and_reads_in_the_background(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past SNAPSHOT_MAX_AGE_S with the catalog's files unchanged, a request still answers from
+    memory (no WouldBlock: no worker thread, no catalog query in the request), while the
+    snapshot is read again in the background: a commit the files' stats missed is seen soon."""
+    import time
+
+    from api import service
+
+    paths = build_lake(tmp_path, customers=20, events=200)
+    monkeypatch.setattr(service, "SNAPSHOT_MAX_AGE_S", 0.0)
+    wh = Warehouse(paths)
+    monkeypatch.setattr(wh, "_catalog_signature", lambda: ("stats that miss every change",))
+    before = wh.snapshot().version
+    conn = connect(paths)
+    conn.execute("delete from lake.marts.events where event_id = md5('e1')")
+    conn.close()
+    seen = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with wh.memory_only():
+            seen.append(wh._current_version())
+        if seen[-1] > before:
+            break
+        time.sleep(0.01)
+    wh.close()
+    assert seen[0] == before
+    assert seen[-1] == before + 1
