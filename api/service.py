@@ -187,16 +187,29 @@ class Warehouse:
     def _current_version(self) -> int:
         """The current snapshot. A commit writes the SQLite catalog (or its WAL): while neither
         file changed, it is the one read last, without a catalog query (~2 ms, more while the
-        pipeline commits). In case the files' stats missed a change, the snapshot is read again
-        every SNAPSHOT_MAX_AGE_S, in the background: read in a request, that sent one request a
-        second to a worker thread for the query, and set the traits p99 during a pass."""
+        pipeline commits; stalls of ~1 s seen while it writes). A change is read in the
+        request on a small lake, in the background on a big one. In case the files' stats missed
+        a change, the snapshot is read again every SNAPSHOT_MAX_AGE_S, in the background: read
+        in a request, that sent one request a second to a worker thread for the query."""
         sig = self._catalog_signature()
         seen = self._seen
-        if seen is None or sig is None or sig != seen[0]:
+        if seen is None or sig is None:
             return self._read_version(sig)
-        if time.monotonic() - seen[2] >= SNAPSHOT_MAX_AGE_S:
+        if sig != seen[0]:
+            if not self._indexed_in_background():
+                return self._read_version(sig)
+            # A big lake's new snapshot is served only once the builder has indexed it, in
+            # the background: reading its number in the request would not serve it sooner,
+            # and while a pass commits (the catalog's WAL changes with each of its writes)
+            # sent most requests to a worker thread for a catalog query.
+            self._recheck()
+        elif time.monotonic() - seen[2] >= SNAPSHOT_MAX_AGE_S:
             self._recheck()
         return seen[1]
+
+    def _indexed_in_background(self) -> bool:
+        """Whether answers come from an index too big to build in a request."""
+        return self.use_index and self._serving_bytes > INLINE_BUILD_BYTES
 
     def _read_version(self, sig: tuple[Any, ...] | None) -> int:
         """Query the current snapshot; sig: the catalog files' stats taken before the query."""

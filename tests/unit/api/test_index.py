@@ -640,3 +640,50 @@ def test_snapshot_recheck_answers_from_memory_and_reads_in_the_background(
     wh.close()
     assert seen[0] == before
     assert seen[-1] == before + 1
+
+
+def test_a_commit_to_a_big_lake_is_read_in_the_background_not_in_the_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once answers come from an index built in the background, a changed catalog (a pass
+    commits, or writes its WAL, many times) is read on the re-check thread: the request answers
+    from memory with the snapshot it serves, and the commit is seen soon after. A small lake's
+    change is still read in the request (read-your-writes right after a pass)."""
+    import time
+
+    from api import service
+    from api.service import WouldBlock
+
+    paths = build_lake(tmp_path, customers=20, events=200)
+    monkeypatch.setattr(service, "SNAPSHOT_MAX_AGE_S", 600.0)  # no age re-check in the test
+    small = Warehouse(paths)
+    snap = small.snapshot()
+    assert small.index(snap) is not None  # built in the request: small
+    monkeypatch.setattr(service, "INLINE_BUILD_BYTES", 0)  # from now on, a big lake
+    big = Warehouse(paths)
+    first = big.snapshot()
+    deadline = time.monotonic() + 30
+    while big.index(big.snapshot()) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert big.index(first) is not None
+    conn = connect(paths)
+    conn.execute("delete from lake.marts.events where event_id = md5('e1')")
+    conn.close()
+    seen = []
+    while time.monotonic() < deadline:
+        with big.memory_only():  # WouldBlock here: a catalog query in the request
+            seen.append(big._current_version())
+        if seen[-1] > first.version:
+            break
+        time.sleep(0.01)
+    assert seen[0] == first.version
+    assert seen[-1] == first.version + 1
+    monkeypatch.setattr(service, "INLINE_BUILD_BYTES", 1 << 40)  # small again
+    conn = connect(paths)
+    conn.execute("delete from lake.marts.events where event_id = md5('e2')")
+    conn.close()
+    with small.memory_only(), pytest.raises(WouldBlock):
+        small._current_version()  # changed catalog, small lake: read in the request
+    assert small._current_version() == first.version + 2
+    big.close()
+    small.close()
