@@ -687,3 +687,57 @@ def test_a_commit_to_a_big_lake_is_read_in_the_background_not_in_the_request(
     assert small._current_version() == first.version + 2
     big.close()
     small.close()
+
+
+def test_row_group_cache_keeps_the_most_recently_read_within_its_budget() -> None:
+    import pyarrow as pa
+
+    from api.index import _GroupCache
+
+    chunks = {n: pa.chunked_array([pa.array([n * 100] * 10)]) for n in "abc"}
+    cache = _GroupCache(budget=2 * chunks["a"].nbytes)
+    decoded: list[str] = []
+
+    def get(rg: int, name: str) -> pa.ChunkedArray:
+        def read() -> pa.ChunkedArray:
+            decoded.append(name)
+            return chunks[name]
+
+        return cache.get(("file.parquet", rg, "record"), read)
+
+    assert get(0, "a") is chunks["a"]
+    get(1, "b")
+    assert get(0, "a") is chunks["a"]  # a hit, and now the most recent
+    get(2, "c")  # over budget: b, the least recently read, goes
+    get(0, "a")
+    get(1, "b")
+    assert decoded == ["a", "b", "c", "b"]
+    assert cache.bytes <= cache.budget
+    big = _GroupCache(budget=1)
+    big.get(("f", 0, "c"), lambda: chunks["a"])
+    assert big.bytes == 0  # bigger than the whole budget: returned, not kept
+
+
+def test_records_are_decoded_once_and_read_from_the_row_group_cache(
+    fast: Warehouse, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from api import index as index_module
+
+    idx = fast.index(fast.snapshot())
+    assert idx is not None
+    positions = idx.events.page("shop", "SHOP", event_query(size=100), None)
+    first = idx.events.records(positions)
+    decodes: list[Any] = []
+    real = index_module._Rows._decode
+
+    def counting(self: Any, f: int, rg: int, column: str) -> Any:
+        decodes.append((f, rg, column))
+        return real(self, f, rg, column)
+
+    monkeypatch.setattr(index_module._Rows, "_decode", counting)
+    monkeypatch.setattr(index_module, "_row_groups", index_module._GroupCache(1 << 30))
+    assert idx.events.records(positions) == first  # cold cache: decoded
+    cold = len(decodes)
+    assert cold >= 1
+    assert idx.events.records(positions) == first  # warm: the same records, nothing decoded
+    assert len(decodes) == cold
