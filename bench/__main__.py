@@ -130,7 +130,9 @@ def main() -> int:
     p.add_argument("--only", nargs="*", choices=SCENARIOS)
     p.add_argument("--events", type=int, help="lake size override (default 1M; full 10M)")
     p.add_argument("--customers", type=int, help="default: events / 10")
-    p.add_argument("--mode", choices=("loop", "sensor"), help="freshness: what runs the pipeline")
+    p.add_argument(
+        "--mode", choices=("watch", "loop", "sensor"), help="freshness: what runs the pipeline"
+    )
     args = p.parse_args()
     lake_args = ["--full"] if args.full else []
     lake_args += ["--events", str(args.events)] if args.events else []

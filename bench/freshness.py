@@ -1,13 +1,15 @@
 """Freshness: the time from an accepted message (the POST's 200) to its visibility in the read
 API, on the pipeline's lake, with the pipeline kept running as a deployment runs it.
 
-    python -m bench.freshness [--full] [--events N] [--customers N] [--mode loop|sensor]
+    python -m bench.freshness [--full] [--events N] [--customers N] [--mode watch|loop|sensor]
 
-`loop` runs `mallard pipeline run` back to back; `sensor` runs the Dagster daemon as `make run`
-does (the landing-files sensor starts the pipeline job). A probe identify with a new userId is
-sent every few seconds through the real collector (write-ahead log, roll to landing files); each
-pending probe's traits are polled until they answer 200. Bounded: probes for a fixed time, then
-a bounded wait for the last ones (those still unseen are reported).
+`watch` runs `mallard pipeline run --watch` (one process, a pass whenever files land); `loop`
+runs `mallard pipeline run` back to back, a new process each; `sensor` runs the Dagster daemon
+as `make run` does (the landing-files sensor starts the pipeline job, a new process a run). A
+probe identify with a new userId is sent every few seconds through the real collector
+(write-ahead log, roll to landing files); each pending probe's traits are polled until they
+answer 200. Bounded: probes for a fixed time, then a bounded wait for the last ones (those still
+unseen are reported).
 """
 
 from __future__ import annotations
@@ -80,6 +82,55 @@ class PipelineLoop:
             self._thread.join()
 
 
+def recorded_runs(lake: Lake, since: float) -> list[tuple[float, int]]:
+    """(seconds, 0 or 1 when failed) of the pipeline runs the Dagster instance recorded since."""
+    import dagster as dg
+
+    with dg.DagsterInstance.from_config(str(lake.paths.dagster_home)) as instance:
+        out = []
+        for r in instance.get_run_records():
+            if r.start_time and r.end_time and r.start_time >= since:
+                ok = r.dagster_run.status == dg.DagsterRunStatus.SUCCESS
+                out.append((r.end_time - r.start_time, 0 if ok else 1))
+        return out
+
+
+@dataclass
+class PipelineWatch:
+    """`mallard pipeline run --watch`: one process that stays up, a pass whenever files land."""
+
+    lake: Lake
+    proc: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+
+    @property
+    def runs(self) -> list[tuple[float, int]]:
+        return recorded_runs(self.lake, self.started)
+
+    def start(self) -> None:
+        self.started = time.time()
+        env = {**os.environ, "MALLARD_DATA_DIR": str(self.lake.data_dir), "DO_NOT_TRACK": "1"}
+        with open(self.lake.data_dir / "bench-freshness-pipeline.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "mallard.cli", "pipeline", "run", "--watch"],
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    def stop(self) -> None:
+        """SIGTERM lets the pass under way finish (a killed pass would only be redone)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(3600)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
 @dataclass
 class SensorDaemon:
     """The Dagster daemon with the landing-files sensor, started as `mallard up` starts it."""
@@ -90,15 +141,7 @@ class SensorDaemon:
 
     @property
     def runs(self) -> list[tuple[float, int]]:
-        import dagster as dg
-
-        with dg.DagsterInstance.from_config(str(self.lake.paths.dagster_home)) as instance:
-            out = []
-            for r in instance.get_run_records():
-                if r.start_time and r.end_time and r.start_time >= self.started:
-                    ok = r.dagster_run.status == dg.DagsterRunStatus.SUCCESS
-                    out.append((r.end_time - r.start_time, 0 if ok else 1))
-            return out
+        return recorded_runs(self.lake, self.started)
 
     def start(self) -> None:
         self.started = time.time()
@@ -177,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--events", type=int)
     p.add_argument("--customers", type=int)
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--mode", choices=("loop", "sensor"), default="loop")
+    p.add_argument("--mode", choices=("watch", "loop", "sensor"), default="watch")
     p.add_argument("--seconds", type=float, help="how long probes are sent")
     args = p.parse_args(argv)
     events, customers = sizes(args.full, args.events, args.customers)
@@ -188,9 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     lake = ensure_lake(events, customers, args.seed)
     server = Server(lake.data_dir, free_port(), lake.creds, env=SERVER_ENV)
     server.start()
-    runner: PipelineLoop | SensorDaemon = (
-        PipelineLoop(lake) if args.mode == "loop" else SensorDaemon(lake)
-    )
+    runner: PipelineWatch | PipelineLoop | SensorDaemon = {
+        "watch": PipelineWatch,
+        "loop": PipelineLoop,
+        "sensor": SensorDaemon,
+    }[args.mode](lake)
     runs: list[tuple[float, int]] = []
     try:
         runner.start()

@@ -112,14 +112,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_pipeline_run(args: argparse.Namespace) -> int:
-    from orchestration.pipeline import run_pipeline
+    from orchestration.pipeline import StepResult, run_pipeline, watch_pipeline
 
-    results = run_pipeline(_paths(args).root)
-    ok = True
-    for step in results:
-        print(f"{'ok  ' if step.ok else 'FAIL'} {step.name}: {step.summary}", flush=True)
-        ok = ok and step.ok
-    return 0 if ok else 1
+    def report(results: list[StepResult]) -> bool:
+        ok = True
+        for step in results:
+            print(f"{'ok  ' if step.ok else 'FAIL'} {step.name}: {step.summary}", flush=True)
+            ok = ok and step.ok
+        return ok
+
+    if not args.watch:
+        return 0 if report(run_pipeline(_paths(args).root)) else 1
+    import signal
+    import threading
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # finish the pass under way, then exit
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"watching {_paths(args).landing_dir} for landing files (stop: Ctrl-C)", flush=True)
+    passes = watch_pipeline(_paths(args).root, stop, report, poll_s=args.poll)
+    print(f"stopped after {passes} passes", flush=True)
+    return 0
 
 
 def cmd_tokens(args: argparse.Namespace) -> int:
@@ -245,6 +258,12 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("pipeline", help="run the pipeline")
     pipe = s.add_subparsers(dest="pipeline_cmd", required=True)
     r = pipe.add_parser("run", parents=[common], help="load new landing files, dbt build, jobs")
+    r.add_argument(
+        "--watch",
+        action="store_true",
+        help="stay up: a pass whenever new landing files are there, in this one process",
+    )
+    r.add_argument("--poll", type=float, default=1.0, help="--watch: seconds between looks")
     r.set_defaults(fn=cmd_pipeline_run)
 
     s = sub.add_parser("tokens", help="auth tokens (shown once, stored hashed)")

@@ -78,3 +78,56 @@ def test_pipeline_twice_loads_each_landing_file_once(server: Server) -> None:
 
 # Reads during a rebuild: tests/integration/test_read_api.py
 # (test_scrolls_survive_and_reads_switch_atomically_during_a_rebuild).
+
+
+def test_pipeline_watch_runs_a_pass_per_landing_and_stops_cleanly(server: Server) -> None:
+    """`mallard pipeline run --watch` stays up and runs a pass in its own process whenever new
+    landing files are there (no pass while none land); SIGTERM lets the pass under way finish."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from mallard.harness import REPO
+
+    log = server.data_dir / "watch.log"
+    with open(log, "wb") as out:
+        watcher = subprocess.Popen(
+            [sys.executable, "-m", "mallard.cli", "pipeline", "run", "--watch", "--poll", "0.2"],
+            cwd=REPO,
+            env={**os.environ, "MALLARD_DATA_DIR": str(server.data_dir)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+
+        def visible(user_id: str, key: str, value: str, timeout: float = 240) -> None:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                r = server.get(f"profiles/userId:{user_id}/traits")
+                if r.status_code == 200 and r.json().get(key) == value:
+                    return
+                assert watcher.poll() is None, log.read_text()
+                time.sleep(0.5)
+            raise AssertionError(f"{user_id} not visible:\\n{log.read_text()}")
+
+        wait_landed(server.data_dir, _send_demo(server))
+        visible("e2e-1", "plan", "pro")
+        r = server.post(
+            "identify", {"userId": "e2e-1", "event": "identify", "traits": {"plan": "team"}}
+        )
+        assert r.status_code == 200, r.text
+        wait_landed(server.data_dir, [r.json()["eventId"]])
+        visible("e2e-1", "plan", "team")  # a second pass, by the same process
+        time.sleep(3)  # idle: no new files, no pass
+        passes = log.read_text().count("dbt build:")
+        time.sleep(3)
+        assert log.read_text().count("dbt build:") == passes >= 2
+        watcher.send_signal(signal.SIGTERM)
+        assert watcher.wait(120) == 0
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+            watcher.wait()
+    assert f"stopped after {passes} passes" in log.read_text()
