@@ -258,8 +258,8 @@ class Warehouse:
                 f"select built_at, data_through from lake.marts.freshness AT (VERSION => {version})"
             )
             snap = Snapshot(version, *(fresh[0] if fresh else (None, None)))
-            if len(self._fresh) > 1000:
-                self._fresh.clear()
+            if len(self._fresh) > 1000:  # the served one stays: requests read it
+                self._fresh = {k: v for k, v in self._fresh.items() if k == self._serving}
             self._fresh[version] = snap
         if latest:
             self.latest = snap
@@ -379,8 +379,13 @@ class Warehouse:
         if found is None:
             return False  # no index at that version: its answers come from SQL
         key = (found[0], found[1])
-        if key in self._indexes or key in self._unusable or found[2] <= INLINE_BUILD_BYTES:
-            return False  # index() returns it or builds it in the request
+        if key in self._unusable or found[2] <= INLINE_BUILD_BYTES:
+            return False  # index() builds it in the request, or answers come from SQL
+        if key in self._indexes and version in self._fresh:
+            return False  # index() returns it, and its freshness is known
+        # Its index, or only its freshness (a commit that left the marts' files as they were:
+        # most of a pass's), is read by the builder: read in the request, that query met the
+        # pass's writes to the catalog (seen: ~1 s stalls).
         self._follow(version)
         return True
 
@@ -414,11 +419,20 @@ class Warehouse:
                 idx = self._indexes.get(key)
                 if idx is None and key not in self._unusable:
                     idx = self._build(key, version)
-                if idx is not None:
+                if idx is not None and self._freshness_read(version):
                     self._served(version, found[2])
             with self._build_lock:
                 if self._wanted == version:
                     self._wanted = None
+
+    def _freshness_read(self, version: int) -> bool:
+        """Read a version's freshness before it is served, so no request reads it."""
+        try:
+            self.snapshot(version)
+            return True
+        except Exception:  # the catalog busy past retries: the next request asks again
+            log.warning("read index: freshness of snapshot %d not read", version, exc_info=True)
+            return False
 
     def _build(self, key: tuple[Files, Files], version: int) -> Index | None:
         self._unless_memory_only()

@@ -741,3 +741,35 @@ def test_records_are_decoded_once_and_read_from_the_row_group_cache(
     assert cold >= 1
     assert idx.events.records(positions) == first  # warm: the same records, nothing decoded
     assert len(decodes) == cold
+
+
+def test_a_big_lake_reads_a_new_snapshots_freshness_in_the_background(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit that leaves the marts' files as they are (most of a pass's) gets a new snapshot
+    whose index is the one serving: its freshness is read by the builder before it is served,
+    never in a request (WouldBlock here), and then it is served."""
+    import time
+
+    from api import service
+
+    paths = build_lake(tmp_path, customers=20, events=200)
+    monkeypatch.setattr(service, "INLINE_BUILD_BYTES", 0)  # a big lake
+    monkeypatch.setattr(service, "SNAPSHOT_MAX_AGE_S", 600.0)
+    wh = Warehouse(paths)
+    deadline = time.monotonic() + 30
+    while wh.index(wh.snapshot()) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    first = wh.snapshot()
+    assert wh.index(first) is not None
+    conn = connect(paths)
+    conn.execute("create table lake.main.other_commit as select 1 as x")
+    conn.close()
+    seen = [first]
+    while seen[-1].version == first.version and time.monotonic() < deadline:
+        time.sleep(0.01)
+        with wh.memory_only():
+            seen.append(wh.snapshot())
+    wh.close()
+    assert seen[-1].version == first.version + 1
+    assert seen[-1].built_at == first.built_at  # the marts' freshness, read at the new version
