@@ -24,6 +24,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -82,22 +83,9 @@ class PipelineLoop:
             self._thread.join()
 
 
-def recorded_runs(lake: Lake, since: float) -> list[tuple[float, int]]:
-    """(seconds, 0 or 1 when failed) of the pipeline runs the Dagster instance recorded since."""
-    import dagster as dg
-
-    with dg.DagsterInstance.from_config(str(lake.paths.dagster_home)) as instance:
-        out = []
-        for r in instance.get_run_records():
-            if r.start_time and r.end_time and r.start_time >= since:
-                ok = r.dagster_run.status == dg.DagsterRunStatus.SUCCESS
-                out.append((r.end_time - r.start_time, 0 if ok else 1))
-        return out
-
-
 @dataclass
-class PipelineWatch:
-    """`mallard pipeline run --watch`: one process that stays up, a pass whenever files land."""
+class _LongRunning:
+    """A pipeline driver that is one process staying up; its runs are the Dagster instance's."""
 
     lake: Lake
     proc: subprocess.Popen[bytes] | None = None
@@ -105,19 +93,37 @@ class PipelineWatch:
 
     @property
     def runs(self) -> list[tuple[float, int]]:
-        return recorded_runs(self.lake, self.started)
+        """(seconds, 0 or 1 when failed) of the runs recorded since it started."""
+        import dagster as dg
+
+        with dg.DagsterInstance.from_config(str(self.lake.paths.dagster_home)) as instance:
+            out = []
+            for r in instance.get_run_records():
+                if r.start_time and r.end_time and r.start_time >= self.started:
+                    ok = r.dagster_run.status == dg.DagsterRunStatus.SUCCESS
+                    out.append((r.end_time - r.start_time, 0 if ok else 1))
+            return out
+
+    def _spawn(self, cmd: list[str], log_name: str, env: dict[str, str], **kw: Any) -> None:
+        self.started = time.time()
+        env = {
+            **os.environ,
+            "MALLARD_DATA_DIR": str(self.lake.data_dir),
+            "DO_NOT_TRACK": "1",
+            **env,
+        }
+        with open(self.lake.data_dir / log_name, "ab") as log:
+            self.proc = subprocess.Popen(
+                cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, **kw
+            )
+
+
+class PipelineWatch(_LongRunning):
+    """`mallard pipeline run --watch`: one process that stays up, a pass whenever files land."""
 
     def start(self) -> None:
-        self.started = time.time()
-        env = {**os.environ, "MALLARD_DATA_DIR": str(self.lake.data_dir), "DO_NOT_TRACK": "1"}
-        with open(self.lake.data_dir / "bench-freshness-pipeline.log", "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "mallard.cli", "pipeline", "run", "--watch"],
-                cwd=REPO,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+        cmd = [sys.executable, "-m", "mallard.cli", "pipeline", "run", "--watch"]
+        self._spawn(cmd, "bench-freshness-pipeline.log", {})
 
     def stop(self) -> None:
         """SIGTERM lets the pass under way finish (a killed pass would only be redone)."""
@@ -131,37 +137,21 @@ class PipelineWatch:
             self.proc.wait()
 
 
-@dataclass
-class SensorDaemon:
+class SensorDaemon(_LongRunning):
     """The Dagster daemon with the landing-files sensor, started as `mallard up` starts it."""
 
-    lake: Lake
-    proc: subprocess.Popen[bytes] | None = None
-    started: float = 0.0
-
-    @property
-    def runs(self) -> list[tuple[float, int]]:
-        return recorded_runs(self.lake, self.started)
-
     def start(self) -> None:
-        self.started = time.time()
         env = {
-            **os.environ,
-            "MALLARD_DATA_DIR": str(self.lake.data_dir),
             "DAGSTER_HOME": str(self.lake.paths.dagster_home),
-            "DO_NOT_TRACK": "1",
             "DAGSTER_DISABLE_TELEMETRY": "1",
         }
         daemon = Path(sys.executable).parent / "dagster-daemon"
-        with open(self.lake.data_dir / "bench-freshness-daemon.log", "ab") as log:
-            self.proc = subprocess.Popen(
-                [str(daemon), "run", "-m", "orchestration.definitions"],
-                cwd=REPO,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its code server and runs are in its process group
-            )
+        self._spawn(
+            [str(daemon), "run", "-m", "orchestration.definitions"],
+            "bench-freshness-daemon.log",
+            env,
+            start_new_session=True,  # its code server and runs are in its process group
+        )
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:

@@ -130,7 +130,13 @@ def cmd_pipeline_run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):  # finish the pass under way, then exit
         signal.signal(sig, lambda *_: stop.set())
     print(f"watching {_paths(args).landing_dir} for landing files (stop: Ctrl-C)", flush=True)
-    passes = watch_pipeline(_paths(args).root, stop, report, poll_s=args.poll)
+    passes = watch_pipeline(
+        _paths(args).root,
+        stop,
+        report,
+        poll_s=args.poll,
+        begin=lambda: print("pass: new landing files", flush=True),
+    )
     print(f"stopped after {passes} passes", flush=True)
     return 0
 

@@ -100,12 +100,27 @@ def summarize(result: dg.ExecuteInProcessResult) -> list[StepResult]:
     return steps
 
 
+def _pass_off_the_main_thread(data_dir: Path) -> list[StepResult]:
+    """One pass on a thread of its own. On the main thread Dagster takes SIGINT and SIGTERM
+    over while a run executes and turns them into an interrupted, failed pass (and leaves
+    SIGTERM mapped to SIGINT's handler after it); on another thread it leaves both to the
+    watcher, which lets the pass finish."""
+    out: list[list[StepResult]] = []
+    worker = threading.Thread(
+        target=lambda: out.append(run_pipeline(data_dir)), name="pipeline-pass"
+    )
+    worker.start()
+    worker.join()
+    return out[0] if out else [StepResult("pipeline", False, "the pass raised (see stderr)")]
+
+
 def watch_pipeline(
     data_dir: Path,
     stop: threading.Event,
     report: Callable[[list[StepResult]], object],
     poll_s: float = 1.0,
     retry_s: float = 30.0,
+    begin: Callable[[], object] = lambda: None,
 ) -> int:
     """Pass after pass in this one process, each as soon as new landing files are there (the
     sensor's rule: a file newer than the newest one at the last pass's start), until stop is
@@ -123,7 +138,8 @@ def watch_pipeline(
         newest = files[-1] if files else ""
         if newest > cursor or (again_at and time.monotonic() >= again_at):
             cursor = newest
-            steps = run_pipeline(data_dir)
+            begin()
+            steps = _pass_off_the_main_thread(data_dir)
             passes += 1
             report(steps)
             again_at = 0.0

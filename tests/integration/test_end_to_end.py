@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from tests.conftest import Server, wait_landed
 
 
@@ -82,7 +85,8 @@ def test_pipeline_twice_loads_each_landing_file_once(server: Server) -> None:
 
 def test_pipeline_watch_runs_a_pass_per_landing_and_stops_cleanly(server: Server) -> None:
     """`mallard pipeline run --watch` stays up and runs a pass in its own process whenever new
-    landing files are there (no pass while none land); SIGTERM lets the pass under way finish."""
+    landing files are there (no pass while none land); SIGTERM in the middle of a pass lets it
+    finish (its data is served after), then the watcher exits 0."""
     import os
     import signal
     import subprocess
@@ -100,34 +104,54 @@ def test_pipeline_watch_runs_a_pass_per_landing_and_stops_cleanly(server: Server
             stdout=out,
             stderr=subprocess.STDOUT,
         )
+
+    def traits() -> dict[str, Any]:
+        r = server.get("profiles/userId:e2e-1/traits")
+        return dict(r.json()) if r.status_code == 200 else {}
+
+    def wait_for(what: str, ok: Callable[[], bool], timeout: float = 240) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if ok():
+                return
+            assert watcher.poll() is None, log.read_text()
+            time.sleep(0.1)
+        raise AssertionError(f"{what} did not happen:\n{log.read_text()}")
+
     try:
-
-        def visible(user_id: str, key: str, value: str, timeout: float = 240) -> None:
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                r = server.get(f"profiles/userId:{user_id}/traits")
-                if r.status_code == 200 and r.json().get(key) == value:
-                    return
-                assert watcher.poll() is None, log.read_text()
-                time.sleep(0.5)
-            raise AssertionError(f"{user_id} not visible:\\n{log.read_text()}")
-
         wait_landed(server.data_dir, _send_demo(server))
-        visible("e2e-1", "plan", "pro")
+        wait_for("the first pass", lambda: traits().get("plan") == "pro")
+        time.sleep(3)  # idle: no new files, no pass
+        passes = log.read_text().count("pass: ")
+        time.sleep(3)
+        assert log.read_text().count("pass: ") == passes >= 1
         r = server.post(
             "identify", {"userId": "e2e-1", "event": "identify", "traits": {"plan": "team"}}
         )
         assert r.status_code == 200, r.text
-        wait_landed(server.data_dir, [r.json()["eventId"]])
-        visible("e2e-1", "plan", "team")  # a second pass, by the same process
-        time.sleep(3)  # idle: no new files, no pass
-        passes = log.read_text().count("dbt build:")
-        time.sleep(3)
-        assert log.read_text().count("dbt build:") == passes >= 2
-        watcher.send_signal(signal.SIGTERM)
-        assert watcher.wait(120) == 0
+        wait_for("a pass to start", lambda: log.read_text().count("pass: ") > passes)
+        wait_for("its dbt build", lambda: bool(_children(watcher.pid)))
+        watcher.send_signal(signal.SIGTERM)  # in the middle of the pass, while dbt builds
+        assert watcher.wait(240) == 0, log.read_text()
     finally:
         if watcher.poll() is None:
             watcher.kill()
             watcher.wait()
-    assert f"stopped after {passes} passes" in log.read_text()
+    text = log.read_text()
+    assert "FAIL" not in text and "Interrupted" not in text, text
+    assert text.rstrip().endswith(f"stopped after {passes + 1} passes"), text
+    assert traits().get("plan") == "team"  # the interrupted-by-SIGTERM pass finished
+
+
+def _children(pid: int) -> list[int]:
+    """The child processes of a process, whichever of its threads started them."""
+    import os
+
+    out: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(c) for c in f.read().split()]
+        except FileNotFoundError:  # the thread ended meanwhile
+            pass
+    return out
