@@ -361,7 +361,6 @@ class _GroupCache:
     def __init__(self, budget: int) -> None:
         self.budget = budget
         self.bytes = 0
-        self.hits = self.misses = 0
         self._chunks: OrderedDict[tuple[str, int, str], pa.ChunkedArray] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -372,9 +371,7 @@ class _GroupCache:
             chunk = self._chunks.get(key)
             if chunk is not None:
                 self._chunks.move_to_end(key)
-                self.hits += 1
                 return chunk
-            self.misses += 1
         # Decoded outside the lock: two threads may decode one chunk, neither waits for the other.
         chunk = read()
         with self._lock:

@@ -195,15 +195,14 @@ class Warehouse:
         seen = self._seen
         if seen is None or sig is None:
             return self._read_version(sig)
-        if sig != seen[0]:
-            if not self._indexed_in_background():
-                return self._read_version(sig)
-            # A big lake's new snapshot is served only once the builder has indexed it, in
-            # the background: reading its number in the request would not serve it sooner,
-            # and while a pass commits (the catalog's WAL changes with each of its writes)
-            # sent most requests to a worker thread for a catalog query.
-            self._recheck()
-        elif time.monotonic() - seen[2] >= SNAPSHOT_MAX_AGE_S:
+        changed = sig != seen[0]
+        # A big lake's new snapshot is served only once the builder has indexed it, in the
+        # background: reading its number in the request would not serve it sooner, and while a
+        # pass commits (the catalog's WAL changes with each of its writes) sent most requests
+        # to a worker thread for a catalog query.
+        if changed and not self._indexed_in_background():
+            return self._read_version(sig)
+        if changed or time.monotonic() - seen[2] >= SNAPSHOT_MAX_AGE_S:
             self._recheck()
         return seen[1]
 

@@ -101,10 +101,9 @@ def summarize(result: dg.ExecuteInProcessResult) -> list[StepResult]:
 
 
 def _pass_off_the_main_thread(data_dir: Path) -> list[StepResult]:
-    """One pass on a thread of its own. On the main thread Dagster takes SIGINT and SIGTERM
-    over while a run executes and turns them into an interrupted, failed pass (and leaves
-    SIGTERM mapped to SIGINT's handler after it); on another thread it leaves both to the
-    watcher, which lets the pass finish."""
+    """One pass on a thread of its own. On the main thread Dagster replaces the SIGINT and
+    SIGTERM handlers while a run executes, and a signal fails the step as interrupted; on
+    another thread it leaves both to the watcher, which lets the pass finish."""
     out: list[list[StepResult]] = []
     worker = threading.Thread(
         target=lambda: out.append(run_pipeline(data_dir)), name="pipeline-pass"
