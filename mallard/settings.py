@@ -42,6 +42,9 @@ class Settings:
     # at: on a shared machine the API's reads come first and the builds wait (at 10M, traits
     # p99 during a pass went from 24 to 10 ms with the pipeline's).
     pipeline_nice: int = 10
+    # Whether the pipeline's model builds and maintenance run under SCHED_IDLE (Linux), taking
+    # only the CPU that reads and ingest leave (see mallard/priority.py), rather than niced.
+    pipeline_idle: bool = True
 
     def with_data_dir(self, data_dir: str | Path) -> Settings:
         return replace(self, data_dir=Path(data_dir).resolve())
@@ -66,4 +69,5 @@ def get_settings() -> Settings:
         limits=limits,
         prefs_query_param=_env("PREFS_QUERY_PARAM", "s"),
         pipeline_nice=int(_env("PIPELINE_NICE", "10")),
+        pipeline_idle=_env("PIPELINE_IDLE", "1") not in ("0", "false", "no"),
     )

@@ -55,6 +55,8 @@ def ensure_dagster_home(paths: DataPaths) -> Path:
 
 
 def yield_cpu_to_readers() -> None:
-    """Run this process (and the dbt it starts) at MALLARD_PIPELINE_NICE, so a build on the same
-    machine as the API takes the CPU the API's reads leave. Niceness only ever rises."""
-    yield_cpu(get_settings().pipeline_nice)
+    """Run this thread (and the dbt it starts) at MALLARD_PIPELINE_NICE and, unless
+    MALLARD_PIPELINE_IDLE=0, under SCHED_IDLE, so a build on the same machine as the API takes
+    the CPU the API's reads leave. Niceness only ever rises."""
+    settings = get_settings()
+    yield_cpu(settings.pipeline_nice, idle=settings.pipeline_idle)

@@ -12,12 +12,17 @@ from pathlib import Path
 import pytest
 
 
-def _nice_after(env: dict[str, str], calls: int) -> int:
+def _after(env: dict[str, str], calls: int) -> tuple[int, int, int]:
+    """(niceness, scheduling policy, policy of a process started after) once a process called
+    yield_cpu_to_readers `calls` times."""
     code = (
-        "import os\n"
+        "import os, subprocess, sys\n"
         "from orchestration.context import yield_cpu_to_readers\n"
         f"for _ in range({calls}): yield_cpu_to_readers()\n"
-        "print(os.nice(0))\n"
+        "probe = 'import os; print(os.sched_getscheduler(0))'\n"
+        "child = subprocess.run([sys.executable, '-c', probe],"
+        " capture_output=True, text=True, check=True).stdout.strip()\n"
+        "print(os.nice(0), os.sched_getscheduler(0), child)\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],
@@ -26,7 +31,12 @@ def _nice_after(env: dict[str, str], calls: int) -> int:
         text=True,
         check=True,
     )
-    return int(out.stdout.strip())
+    nice, policy, child = out.stdout.split()
+    return int(nice), int(policy), int(child)
+
+
+def _nice_after(env: dict[str, str], calls: int) -> int:
+    return _after({"MALLARD_PIPELINE_IDLE": "0", **env}, calls)[0]
 
 
 def test_builds_run_at_the_configured_niceness_once() -> None:
@@ -36,6 +46,19 @@ def test_builds_run_at_the_configured_niceness_once() -> None:
     assert _nice_after({"MALLARD_PIPELINE_NICE": str(base + 7)}, 3) == base + 7
     # Never lowered (that would need privileges, and is not this setting's job).
     assert _nice_after({"MALLARD_PIPELINE_NICE": "0"}, 1) == base
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_builds_run_under_sched_idle_unless_turned_off() -> None:
+    """By default a build takes only the CPU reads leave: SCHED_IDLE, inherited by what it
+    starts (dbt, and DuckDB's threads in it); MALLARD_PIPELINE_IDLE=0 keeps it niced only."""
+    base = os.nice(0)
+    nice, policy, child = _after({"MALLARD_PIPELINE_NICE": str(base + 3)}, 2)
+    assert (nice, policy, child) == (base + 3, os.SCHED_IDLE, os.SCHED_IDLE)
+    nice, policy, child = _after(
+        {"MALLARD_PIPELINE_NICE": str(base + 3), "MALLARD_PIPELINE_IDLE": "0"}, 1
+    )
+    assert (nice, policy, child) == (base + 3, os.SCHED_OTHER, os.SCHED_OTHER)
 
 
 def test_the_read_index_builder_thread_alone_yields(tmp_path: Path) -> None:
