@@ -202,33 +202,57 @@ class _Change:
         self.added = [j for j, p in enumerate(files.paths) if p not in known]
 
 
+def _runs(*columns: pa.Array) -> dict[Any, tuple[int, int]]:
+    """(lo, hi) of each run of equal values in rows sorted by these string columns first; keyed
+    by the value (one column) or the tuple of values. Python touches each run, not each row: a
+    list of a pass's 100k values held the GIL for up to 20 ms, and every request waited."""
+    n = len(columns[0])
+    if not n:
+        return {}
+    codes = np.zeros(n, np.int64)
+    dicts = []
+    for col in columns:
+        enc = pc.dictionary_encode(col)
+        enc = enc.combine_chunks() if isinstance(enc, pa.ChunkedArray) else enc
+        dicts.append(enc.dictionary)
+        codes = codes * len(enc.dictionary) + enc.indices.to_numpy(zero_copy_only=False)
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(codes)) + 1])
+    ends = np.concatenate([starts[1:], [n]])
+    out: dict[Any, tuple[int, int]] = {}
+    for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True):
+        key = tuple(str(col[lo].as_py()) for col in columns)  # as _groups keys them
+        out[key[0] if len(columns) == 1 else key] = (lo, hi)
+    return out
+
+
 def _merge(
     ranges: dict[Any, tuple[int, int]],
     kept: np.ndarray[Any, Any],
-    new_groups: list[Any],
+    new_groups: dict[Any, tuple[int, int]],
     search: Callable[[int, int, int, int], np.ndarray[Any, Any]],
 ) -> tuple[np.ndarray[Any, Any], dict[Any, tuple[int, int]]]:
     """Where new rows go among sorted old ones, of which only the kept stay.
 
     Rows come in groups (an account, an account and brand), each old group's rows at [lo, hi)
-    of ranges; new_groups is the group of each new row, in order. search(lo, hi, a, b) gives,
+    of ranges, the new rows' at [a, b) of new_groups (see _runs). search(lo, hi, a, b) gives,
     for new rows a to b of one group, the old row each goes before (or hi). Returns the place
     among the kept rows each new row goes before, and each group's range once they are in."""
-    before = np.concatenate([[0], np.cumsum(kept)])  # kept rows before each old row
-    ins = np.empty(len(new_groups), np.int64)
-    groups: dict[Any, tuple[int, int]] = {}
-    for k, g in enumerate(new_groups):
-        groups[g] = (groups.get(g, (k, k))[0], k + 1)
+    stay = np.flatnonzero(kept)
+
+    def before(p: Any) -> Any:  # kept rows before old row p (not a cumsum over every row:
+        return np.searchsorted(stay, p)  # numpy holds the GIL through one, ~0.2 s at 10M)
+
+    ins = np.empty(sum(b - a for a, b in new_groups.values()), np.int64)
     out: dict[Any, tuple[int, int]] = {}
     shift = end = 0
-    for g in sorted(ranges.keys() | groups.keys()):
+    for g in sorted(ranges.keys() | new_groups.keys()):
         lo, hi = ranges.get(g, (end, end))
-        a, b = groups.get(g, (0, 0))
+        a, b = new_groups.get(g, (0, 0))
         if b > a:
-            ins[a:b] = before[search(lo, hi, a, b)]
-        size = int(before[hi] - before[lo]) + b - a
+            ins[a:b] = before(search(lo, hi, a, b))
+        first, size = int(before(lo)), int(before(hi) - before(lo)) + b - a
         if size:
-            out[g] = (int(before[lo]) + shift, int(before[lo]) + shift + size)
+            out[g] = (first + shift, first + shift + size)
         shift += b - a
         end = hi
     return ins, out
@@ -310,7 +334,7 @@ class _KeyIndex:
     def updated(
         self,
         moved: np.ndarray[Any, Any],
-        accounts: list[str],
+        accounts: pa.Array,
         values: pa.Array,
         rows: np.ndarray[Any, Any],
     ) -> _KeyIndex:
@@ -319,13 +343,16 @@ class _KeyIndex:
         where = moved[self.rows]
         kept = where >= 0
         valid = np.flatnonzero(values.is_valid().to_numpy(zero_copy_only=False))
-        new = pa.table({"a": pa.array(accounts, pa.string()).take(valid), "v": values.take(valid)})
+        new = pa.table({"a": accounts.cast(pa.string()).take(valid), "v": values.take(valid)})
         order = pc.sort_indices(new, sort_keys=[("a", "ascending"), ("v", "ascending")])
         new = new.take(order)
         new_values = new["v"].combine_chunks()
         stay = np.flatnonzero(kept)
         ins, out = _merge(
-            self.accounts, kept, new["a"].to_pylist(), _search_strings(self.values, new_values)
+            self.accounts,
+            kept,
+            _runs(new["a"].combine_chunks()),
+            _search_strings(self.values, new_values),
         )
         new_rows = rows[valid[order.to_numpy()]]
         return _KeyIndex(
@@ -464,7 +491,12 @@ def _live(files: Files) -> tuple[str, list[Any]]:
 
 
 def _file_rows(file: np.ndarray[Any, Any], files: Files) -> tuple[int, ...]:
-    return tuple(int(n) for n in np.bincount(file, minlength=len(files.paths)))
+    # Arrow's count, which lets go of the GIL (numpy's bincount held it ~10 ms at 10M rows).
+    counts = pc.value_counts(pa.array(file, from_pandas=False)).flatten()
+    out = [0] * len(files.paths)
+    for f, n in zip(counts[0].to_pylist(), counts[1].to_pylist(), strict=True):
+        out[f] = n
+    return tuple(out)
 
 
 def _groups(
@@ -565,11 +597,11 @@ class CustomerIndex(_TableIndex):
         change = _Change(conn, old.files, old.file, old.row, self.files)
         new = _rows_of(conn, self.files, change.added, _CUSTOMER_COLUMNS, "account_id, customer_id")
         stay = np.flatnonzero(change.keep)
-        accounts = new["account_id"].to_pylist()
+        accounts = new["account_id"].combine_chunks()
         ins, self.accounts = _merge(
             old.accounts,
             change.keep,
-            accounts,
+            _runs(accounts),
             _search_strings(old.cols["customer_id"], new["customer_id"].combine_chunks()),
         )
         old_at, new_at = _inserted(len(stay), ins)
@@ -685,13 +717,23 @@ class EventIndex(_TableIndex):
             " hash(account_id, customer_id) as h_customer",
             "account_id, brand_id, event_time, event_id",
         )
-        new_actions = new["event_action"].to_pylist()
-        self.action_names = sorted(set(old.action_names) | {a for a in new_actions if a})
+        # Python touches each distinct action, not each new event (see _runs).
+        actions = pc.dictionary_encode(new["event_action"].combine_chunks())
+        new_names = [a for a in actions.dictionary.to_pylist() if a]
+        self.action_names = sorted(set(old.action_names) | set(new_names))
         code = {a: i for i, a in enumerate(self.action_names)}
         # Old codes to new ones; the last entry keeps -1 (no action) at -1.
         recode = np.array([code[a] for a in old.action_names] + [-1], np.int32)
+        # New events' codes: by their dictionary's codes, -1 where null (or empty).
+        to_code = np.array(
+            [code.get(a, -1) if a else -1 for a in actions.dictionary.to_pylist()] + [-1],
+            np.int32,
+        )
+        new_codes = to_code[
+            actions.indices.fill_null(len(actions.dictionary)).to_numpy(zero_copy_only=False)
+        ]
         new_t = new["t"].to_numpy()
-        new_ids = new["event_id"].to_pylist()
+        new_ids = new["event_id"].combine_chunks()
 
         def search(lo: int, hi: int, a: int, b: int) -> np.ndarray[Any, Any]:
             times = old.t[lo:hi]
@@ -702,11 +744,11 @@ class EventIndex(_TableIndex):
                 ids = old.reader.read(
                     "event_id", [(int(old.file[p]), int(old.row[p])) for p in tied]
                 )
-                k = bisect.bisect_left(ids, new_ids[a + j])
+                k = bisect.bisect_left(ids, new_ids[a + j].as_py())
                 left[j] = tied[k] if k < len(tied) else right[j]
             return left
 
-        groups = list(zip(new["account_id"].to_pylist(), new["brand_id"].to_pylist(), strict=True))
+        groups = _runs(new["account_id"].combine_chunks(), new["brand_id"].combine_chunks())
         ins, self.groups = _merge(old.groups, keep, groups, search)
         stay = np.flatnonzero(keep)
         moved = np.full(len(old.t), -1, np.int64)
@@ -716,9 +758,7 @@ class EventIndex(_TableIndex):
             return np.insert(old_values[keep], ins, new_values.astype(old_values.dtype))
 
         self.t = merged(old.t, new_t)
-        self.action = merged(
-            recode[old.action], np.array([code[a] if a else -1 for a in new_actions], np.int32)
-        )
+        self.action = merged(recode[old.action], new_codes)
         self.file = merged(change.remap[old.file], new["file"].to_numpy())
         self.row = merged(old.row, new["row"].to_numpy())
         self.by_customer = old.by_customer.moved(moved, new["h_customer"].to_numpy(), placed)
