@@ -34,6 +34,20 @@ log = logging.getLogger(__name__)
 INLINE_BUILD_BYTES = 32 * 1024 * 1024
 # A change to the catalog that its files' stats missed is picked up after about this long.
 SNAPSHOT_MAX_AGE_S = 1.0
+# The marts a read answers from; a snapshot that changed none of them answers as the one before.
+SERVED_MARTS = ("customers", "events", "freshness")
+# The kinds of DuckLake snapshot changes that name the tables they changed (ids; names for
+# tables_created). Any other kind (a schema change, compaction) lists the files again.
+_TABLE_CHANGES = frozenset(
+    {
+        "tables_created",
+        "tables_dropped",
+        "tables_inserted_into",
+        "tables_deleted_from",
+        "inlined_insert",
+        "inlined_delete",
+    }
+)
 FRESHNESS_HEADERS = ("x-mallard-data-through", "x-mallard-built-at", "x-mallard-snapshot")
 
 
@@ -271,6 +285,8 @@ class Warehouse:
         file, and their bytes; or None when some rows cannot be read from them."""
         if version in self._keys:
             return self._keys[version]
+        if self._carried(version):
+            return self._keys[version]
         out: list[Files] = []
         size = 0
         for table in ("customers", "events"):
@@ -292,6 +308,43 @@ class Warehouse:
             self._keys.clear()
         self._keys[version] = key
         return key
+
+    def _carried(self, version: int) -> bool:
+        """Give a version the files and freshness of the newest earlier one known, when none of
+        the snapshots between them changed the served marts (customers, events, freshness): most
+        of a pass's commits write only intermediate tables. One query of DuckLake's list of
+        snapshot changes (~10 ms) instead of listing the files and counting the marts' rows
+        (0.15-0.5 s at 10M events, in the API process while the pass runs)."""
+        known = [v for v, k in self._keys.items() if v < version and k is not None]
+        base = max(known, default=None)
+        if base is None or base not in self._fresh:
+            return False
+        served = {
+            str(r[0])
+            for r in self._query(
+                "select t.table_id from __ducklake_metadata_lake.ducklake_table as t"
+                " join __ducklake_metadata_lake.ducklake_schema as s using (schema_id)"
+                " where s.schema_name = 'marts' and t.table_name in (?, ?, ?)"
+                " and t.begin_snapshot <= ? and (t.end_snapshot is null or t.end_snapshot > ?)",
+                [*SERVED_MARTS, base, base],
+            )
+        }
+        names = {f"marts.{t}" for t in SERVED_MARTS}
+        changes = self._query(
+            "select changes from lake.snapshots() where snapshot_id > ? and snapshot_id <= ?",
+            [base, version],
+        )
+        if len(served) != len(SERVED_MARTS) or len(changes) != version - base:
+            return False
+        for (change,) in changes:
+            for kind, values in (change or {}).items():
+                touched = names if kind == "tables_created" else served
+                if kind not in _TABLE_CHANGES or touched & {str(v) for v in values or []}:
+                    return False
+        before = self._fresh[base]
+        self._fresh[version] = Snapshot(version, before.built_at, before.data_through)
+        self._keys[version] = self._keys[base]
+        return True
 
     def _table_files(self, table: str, version: int) -> tuple[Files, int] | str:
         """A table's files at a version and their bytes, or why the index cannot read its rows

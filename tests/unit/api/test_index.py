@@ -773,3 +773,60 @@ def test_a_big_lake_reads_a_new_snapshots_freshness_in_the_background(
     wh.close()
     assert seen[-1].version == first.version + 1
     assert seen[-1].built_at == first.built_at  # the marts' freshness, read at the new version
+
+
+def test_commits_that_leave_the_served_marts_are_not_listed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A snapshot whose commits since the last listed one changed no served mart (an
+    intermediate model's, most of a pass's) takes that one's files and freshness from DuckLake's
+    list of snapshot changes; one that changed a mart, or a mart's table replaced, is listed."""
+    from api import service
+
+    paths = build_lake(tmp_path, customers=20, events=200)
+    wh = Warehouse(paths)
+    listed: list[int] = []
+    table_files = service.Warehouse._table_files
+
+    def counting(self: Warehouse, table: str, version: int) -> Any:
+        listed.append(version)
+        return table_files(self, table, version)
+
+    monkeypatch.setattr(service.Warehouse, "_table_files", counting)
+    first = wh.snapshot()
+    key = wh._files_of(first.version)
+    assert key is not None and listed == [first.version, first.version]
+
+    def commit(sql: str) -> int:
+        conn = connect(paths)
+        conn.execute(sql)
+        conn.close()
+        return wh._read_version(None)
+
+    conn = connect(paths)
+    conn.execute("create schema if not exists lake.intermediate")
+    conn.close()  # a schema change: listed again, to be safe
+    schema = wh._read_version(None)
+    assert wh._files_of(schema) == key and listed[-1] == schema
+    wh.snapshot(schema)
+    # Two commits to an intermediate table: both answered from the list of changes.
+    created = commit("create table lake.intermediate.t as select 1 as x")
+    inserted = commit("insert into lake.intermediate.t values (2)")
+    listed.clear()
+    assert wh._files_of(inserted) == key and listed == []
+    assert wh.snapshot(inserted).built_at == first.built_at
+    assert wh._files_of(created) == key and listed == []
+    # A commit to events: listed, and its files differ.
+    changed = commit("delete from lake.marts.events where hash(event_id) % 7 = 0")
+    moved = wh._files_of(changed)
+    assert listed == [changed, changed] and moved is not None and moved[1] != key[1]
+    wh.snapshot(changed)
+    # freshness replaced, as dbt's table materialization does it: listed again.
+    listed.clear()
+    replaced = commit(
+        "create or replace table lake.marts.freshness as"
+        " select now() as built_at, now() as data_through"
+    )
+    assert wh._files_of(replaced) == moved and listed == [replaced, replaced]
+    assert wh.snapshot(replaced).built_at != first.built_at
+    wh.close()
