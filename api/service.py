@@ -36,9 +36,6 @@ INLINE_BUILD_BYTES = 32 * 1024 * 1024
 SNAPSHOT_MAX_AGE_S = 1.0
 # The marts a read answers from; a snapshot that changed none of them answers as the one before.
 SERVED_MARTS = ("customers", "events", "freshness")
-# How long a big lake keeps serving the last finished pass while a newer snapshot changed the
-# marts without finishing a pass (see Warehouse._mid_pass).
-PASS_WAIT_S = 120.0
 # The kinds of DuckLake snapshot changes that name the tables they changed (ids; names for
 # tables_created). Any other kind (a schema change, compaction) lists the files again.
 _TABLE_CHANGES = frozenset(
@@ -103,7 +100,6 @@ class Warehouse:
         self._lock = threading.Lock()
         self._local = threading.local()
         self._fresh: dict[int, Snapshot] = {}
-        self._half_done: dict[int, float] = {}  # version -> until when it is not served
         self.latest: Snapshot | None = None  # the newest snapshot a request has read
 
     def warm(self) -> None:
@@ -321,58 +317,34 @@ class Warehouse:
         (0.15-0.5 s at 10M events, in the API process while the pass runs)."""
         known = [v for v, k in self._keys.items() if v < version and k is not None]
         base = max(known, default=None)
-        if base is None or base not in self._fresh or self._marts_changed(base, version) != set():
+        if base is None or base not in self._fresh:
             return False
-        before = self._fresh[base]
-        self._fresh[version] = Snapshot(version, before.built_at, before.data_through)
-        self._keys[version] = self._keys[base]
-        return True
-
-    def _marts_changed(self, base: int, version: int) -> set[str] | None:
-        """Which served marts the snapshots after base up to version changed, from DuckLake's
-        list of snapshot changes; None when a change of another kind may have."""
-        ids = {
-            str(r[0]): str(r[1])
+        served = {
+            str(r[0])
             for r in self._query(
-                "select t.table_id, t.table_name"
-                " from __ducklake_metadata_lake.ducklake_table as t"
+                "select t.table_id from __ducklake_metadata_lake.ducklake_table as t"
                 " join __ducklake_metadata_lake.ducklake_schema as s using (schema_id)"
                 " where s.schema_name = 'marts' and t.table_name in (?, ?, ?)"
                 " and t.begin_snapshot <= ? and (t.end_snapshot is null or t.end_snapshot > ?)",
                 [*SERVED_MARTS, base, base],
             )
         }
-        names = {f"marts.{t}": t for t in SERVED_MARTS}
+        names = {f"marts.{t}" for t in SERVED_MARTS}
         changes = self._query(
             "select changes from lake.snapshots() where snapshot_id > ? and snapshot_id <= ?",
             [base, version],
         )
-        if len(ids) != len(SERVED_MARTS) or len(changes) != version - base:
-            return None
-        changed: set[str] = set()
+        if len(served) != len(SERVED_MARTS) or len(changes) != version - base:
+            return False
         for (change,) in changes:
             for kind, values in (change or {}).items():
-                if kind not in _TABLE_CHANGES:
-                    return None
-                named = names if kind == "tables_created" else ids
-                changed |= {named[str(v)] for v in values or [] if str(v) in named}
-        return changed
-
-    def _mid_pass(self, version: int) -> bool:
-        """Whether a version is a pass half done: it changed customers or events since the
-        served snapshot but not yet the freshness mart, which each pass writes last. A big lake
-        serves only finished passes: the customers mart commits seconds before the events mart,
-        and a pass's answers then switch from the last pass's to this one's at once, with one
-        index update instead of one per mart. A version stays half done for at most
-        PASS_WAIT_S (a `dbt build` of some models only never writes freshness)."""
-        deadline = self._half_done.get(version)
-        if deadline is None:
-            serving = self._serving
-            changed = set() if serving is None else self._marts_changed(serving, version)
-            if not changed or "freshness" in changed or not changed & {"customers", "events"}:
-                return False
-            deadline = self._half_done[version] = time.monotonic() + PASS_WAIT_S
-        return time.monotonic() < deadline
+                touched = names if kind == "tables_created" else served
+                if kind not in _TABLE_CHANGES or touched & {str(v) for v in values or []}:
+                    return False
+        before = self._fresh[base]
+        self._fresh[version] = Snapshot(version, before.built_at, before.data_through)
+        self._keys[version] = self._keys[base]
+        return True
 
     def _table_files(self, table: str, version: int) -> tuple[Files, int] | str:
         """A table's files at a version and their bytes, or why the index cannot read its rows
@@ -452,9 +424,6 @@ class Warehouse:
         model. A request never waits for that once an index serves a big lake."""
         if not self.use_index:
             return False
-        deadline = self._half_done.get(version)
-        if deadline is not None and time.monotonic() < deadline:
-            return True  # a pass half done (see _mid_pass)
         if version not in self._keys and self._serving_bytes > INLINE_BUILD_BYTES:
             self._follow(version)
             return True
@@ -493,7 +462,7 @@ class Warehouse:
                     self._builder_running = False
                     return
             try:
-                found = None if self._mid_pass(version) else self._files_of(version)
+                found = self._files_of(version)
             except Exception:  # the catalog busy past retries: the next request asks again
                 log.warning("read index: files of snapshot %d not listed", version, exc_info=True)
                 found = None

@@ -2,24 +2,29 @@
 hand-written DuckDB script doing the same derivations over the same Parquet, in the same run.
 
     python -m bench.pipeline [--full] [--events N] [--customers N] [--seed S]
+    python -m bench.pipeline --full --increment-only
+
 
 Quick: 1M events (100k customers); full: 10M events (1M customers). Steps: a fresh `mallard
 init` data dir; one pipeline run on the empty lake (dbt parses its manifest, as on any installed
 system); the traffic landed through the collector's own roller (bench/lake.py); the full
 rebuild, timed; the baseline (bench/baseline.sql), timed, and its outputs checked equal to the
 marts; 100k new events landed and the incremental pass timed. The lake is left for the read API
-and freshness scenarios.
+and freshness scenarios. --increment-only: on the lake a previous run left (built when missing),
+only 100k new events and the pass, timed alike, with dbt's slowest nodes; prints, writes no
+result (for A/B runs of the models without rebuilding the lake).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from bench.baseline import compare, run_baseline
-from bench.lake import fresh_lake, generate, sizes
+from bench.lake import ensure_lake, fresh_lake, generate, sizes
 from bench.stats import row, write_result
 
 INCREMENT = 100_000
@@ -52,15 +57,29 @@ def timed_run(
     return wall, steps
 
 
+def increment_only(events: int, customers: int, seed: int, increment: int) -> int:
+    lake = ensure_lake(events, customers, seed)
+    rows = lake.land_more(increment)
+    timed_run(lake.pipeline_run, lake.data_dir, f"incremental (+{rows:,})")
+    results = json.loads((lake.paths.dbt_target / "run_results.json").read_text())
+    print(f"dbt: {results['elapsed_time']:.1f} s over {len(results['results'])} nodes; slowest:")
+    for r in sorted(results["results"], key=lambda r: -r["execution_time"])[:10]:
+        print(f"  {r['execution_time']:6.2f} s  {r['unique_id']}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.pipeline")
     p.add_argument("--full", action="store_true")
     p.add_argument("--events", type=int, help="events in the lake (default 1M, full 10M)")
     p.add_argument("--customers", type=int, help="customers (default events / 10)")
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--increment-only", action="store_true")
     args = p.parse_args(argv)
     events, customers = sizes(args.full, args.events, args.customers)
     increment = min(INCREMENT, max(1, events // 10))
+    if args.increment_only:
+        return increment_only(events, customers, args.seed, increment)
 
     lake = fresh_lake(events, customers, args.seed)
     print(f"lake: {lake.data_dir} ({events:,} events, {customers:,} customers)", flush=True)

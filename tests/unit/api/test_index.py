@@ -237,11 +237,6 @@ def test_big_builds_keep_answering_from_the_previous_index(
         " json_object('eventId', md5('new'))"
         " order by account_id, event_time, event_id"
     )
-    # The pass ends with the freshness mart (a pass half done is not served on a big lake).
-    conn.execute(
-        "create or replace table lake.marts.freshness as"
-        " select now() as built_at, now() as data_through"
-    )
     conn.close()
     # While the new build waits, answers come from the previous snapshot, whole.
     during = wh.snapshot()
@@ -834,69 +829,4 @@ def test_commits_that_leave_the_served_marts_are_not_listed_again(
     )
     assert wh._files_of(replaced) == moved and listed == [replaced, replaced]
     assert wh.snapshot(replaced).built_at != first.built_at
-    wh.close()
-
-
-def test_a_big_lake_serves_only_finished_passes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A commit to a mart that is not yet followed by the freshness mart's (written last by a
-    pass) is a pass half done: answers stay on the last finished pass until the pass finishes,
-    then move to it at once; a half-done snapshot is served after PASS_WAIT_S all the same."""
-    import time
-
-    from api import service
-
-    paths = build_lake(tmp_path, customers=20, events=200)
-    monkeypatch.setattr(service, "INLINE_BUILD_BYTES", 0)  # a big lake
-    monkeypatch.setattr(service, "SNAPSHOT_MAX_AGE_S", 600.0)
-    wh = Warehouse(paths)
-
-    def served_after(commit: str, until: Any, seconds: float = 30) -> list[Snapshot]:
-        conn = connect(paths)
-        conn.execute(commit)
-        conn.close()
-        seen: list[Snapshot] = []
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            time.sleep(0.01)
-            try:
-                with wh.memory_only():
-                    seen.append(wh.snapshot())
-            except service.WouldBlock:
-                continue
-            if until(seen[-1]):
-                break
-        return seen
-
-    deadline = time.monotonic() + 30
-    while wh.index(wh.snapshot()) is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    first = wh.snapshot()
-    events = len(wh.events(first, "shop", "SHOP", event_query(size=100)))
-    # Half a pass: events changed, freshness not yet. Served: still the first snapshot.
-    half = served_after(
-        "delete from lake.marts.events where hash(event_id) % 3 = 0",
-        lambda _: first.version + 1 in wh._half_done and not wh._builder_running,
-        seconds=10,
-    )
-    assert first.version + 1 in wh._half_done
-    assert {s.version for s in half} == {first.version}
-    # The pass finishes: answers move to it, with its freshness and its events.
-    done = served_after(
-        "create or replace table lake.marts.freshness as"
-        " select now() as built_at, now() as data_through",
-        lambda s: s.version == first.version + 2,
-    )
-    assert done[-1].version == first.version + 2 and done[-1].built_at != first.built_at
-    assert {s.version for s in done} <= {first.version, first.version + 2}
-    assert len(wh.events(done[-1], "shop", "SHOP", event_query(size=100))) < events
-    # A half-done snapshot that no pass finishes is served after PASS_WAIT_S.
-    monkeypatch.setattr(service, "PASS_WAIT_S", 0.5)
-    late = served_after(
-        "delete from lake.marts.events where hash(event_id) % 3 = 1",
-        lambda s: s.version == first.version + 3,
-    )
-    assert late[-1].version == first.version + 3
-    assert first.version + 3 in wh._half_done
     wh.close()
