@@ -210,11 +210,9 @@ def _runs(*columns: pa.Array) -> dict[Any, tuple[int, int]]:
     if not n:
         return {}
     codes = np.zeros(n, np.int64)
-    dicts = []
     for col in columns:
         enc = pc.dictionary_encode(col)
         enc = enc.combine_chunks() if isinstance(enc, pa.ChunkedArray) else enc
-        dicts.append(enc.dictionary)
         codes = codes * len(enc.dictionary) + enc.indices.to_numpy(zero_copy_only=False)
     starts = np.concatenate([[0], np.flatnonzero(np.diff(codes)) + 1])
     ends = np.concatenate([starts[1:], [n]])
@@ -250,7 +248,8 @@ def _merge(
         a, b = new_groups.get(g, (0, 0))
         if b > a:
             ins[a:b] = before(search(lo, hi, a, b))
-        first, size = int(before(lo)), int(before(hi) - before(lo)) + b - a
+        first = int(before(lo))
+        size = int(before(hi)) - first + b - a
         if size:
             out[g] = (first + shift, first + shift + size)
         shift += b - a
@@ -719,14 +718,14 @@ class EventIndex(_TableIndex):
         )
         # Python touches each distinct action, not each new event (see _runs).
         actions = pc.dictionary_encode(new["event_action"].combine_chunks())
-        new_names = [a for a in actions.dictionary.to_pylist() if a]
-        self.action_names = sorted(set(old.action_names) | set(new_names))
+        names = actions.dictionary.to_pylist()
+        self.action_names = sorted(set(old.action_names) | {a for a in names if a})
         code = {a: i for i, a in enumerate(self.action_names)}
         # Old codes to new ones; the last entry keeps -1 (no action) at -1.
         recode = np.array([code[a] for a in old.action_names] + [-1], np.int32)
         # New events' codes: by their dictionary's codes, -1 where null (or empty).
         to_code = np.array(
-            [code.get(a, -1) if a else -1 for a in actions.dictionary.to_pylist()] + [-1],
+            [code[a] if a else -1 for a in names] + [-1],
             np.int32,
         )
         new_codes = to_code[

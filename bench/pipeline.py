@@ -4,7 +4,6 @@ hand-written DuckDB script doing the same derivations over the same Parquet, in 
     python -m bench.pipeline [--full] [--events N] [--customers N] [--seed S]
     python -m bench.pipeline --full --increment-only
 
-
 Quick: 1M events (100k customers); full: 10M events (1M customers). Steps: a fresh `mallard
 init` data dir; one pipeline run on the empty lake (dbt parses its manifest, as on any installed
 system); the traffic landed through the collector's own roller (bench/lake.py); the full

@@ -17,8 +17,8 @@ def _after(env: dict[str, str], calls: int) -> tuple[int, int, int]:
     yield_cpu_to_readers `calls` times."""
     code = (
         "import os, subprocess, sys\n"
-        # Start from the normal policy: an earlier test that ran a pass in the test process
-        # (on its main thread) left it SCHED_IDLE, and processes started from it inherit that.
+        # Start from the normal policy whatever the test process's is (a job run on its main
+        # thread would leave it SCHED_IDLE, and processes started from it inherit that).
         "try:\n"
         "    os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))\n"
         "except (AttributeError, PermissionError):\n"
