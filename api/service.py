@@ -22,6 +22,7 @@ from typing import Any
 import duckdb
 
 from api.index import Files, Index, newest_snapshot
+from api.pages import PagesLost, PagesProcess
 from api.params import EventQuery
 from mallard.errors import InvalidRequest, Unavailable
 from mallard.paths import DataPaths
@@ -79,10 +80,19 @@ def _missing_table(e: duckdb.Error) -> bool:
 
 
 class Warehouse:
-    def __init__(self, paths: DataPaths, use_index: bool = True, build_nice: int = 0) -> None:
+    def __init__(
+        self,
+        paths: DataPaths,
+        use_index: bool = True,
+        build_nice: int = 0,
+        pages_process: bool = False,
+        pages_idle: bool = False,
+    ) -> None:
         self.paths = paths
         self.use_index = use_index
         self.build_nice = build_nice  # the background index builds' niceness
+        # Event pages from a process of their own (api/pages.py), not on this one's GIL.
+        self.pages = PagesProcess(build_nice, pages_idle) if pages_process and use_index else None
         self._keys: dict[int, tuple[Files, Files, int] | None] = {}  # version -> files, bytes
         self._indexes: dict[tuple[Files, Files], Index] = {}
         self._unusable: set[tuple[Files, Files]] = set()
@@ -129,9 +139,12 @@ class Warehouse:
             "indexed": indexed,
             "servingSnapshot": self._serving,
             "building": self._builder_running,
+            "pagesProcess": self.pages.pid if self.pages is not None else None,
         }
 
     def close(self) -> None:
+        if self.pages is not None:
+            self.pages.close()
         if self._recheck_pool is not None:
             self._recheck_pool.shutdown(wait=True)
         with self._lock:
@@ -493,16 +506,20 @@ class Warehouse:
         # one's too, and a data file's deletes then only grow.
         earlier = [i for i in self._indexes.values() if i.version <= version]
         try:
-            idx = Index(*key, version, previous=max(earlier, key=lambda i: i.version, default=None))
+            previous = max(earlier, key=lambda i: i.version, default=None)
+            idx = Index(*key, version, previous=previous, pages=self.pages)
             # Each file's live rows in the index must be DuckLake's, or it would silently miss
             # some or answer with deleted ones (deletes inlined in the catalog).
-            if (idx.customers.file_rows, idx.events.file_rows) != (key[0].rows, key[1].rows):
+            if (idx.customers.file_rows, idx.event_file_rows) != (key[0].rows, key[1].rows):
                 log.warning(
                     "read index rows differ from the marts' (deletes inlined in the catalog);"
                     " answering from SQL"
                 )
                 self._unusable.add(key)
                 return None
+        except PagesLost:  # not these files' fault: the next request builds again
+            log.warning("event pages process lost during the index build", exc_info=True)
+            return None
         except Exception:
             log.exception("read index build failed; answering from SQL")
             self._unusable.add(key)
@@ -511,6 +528,9 @@ class Warehouse:
         self._indexes = {k: v for k, v in list(self._indexes.items())[-1:]} | {key: idx}
         log.info("read index built in %.1f s", time.monotonic() - t0)
         return idx
+
+    def _forget(self, idx: Index) -> None:
+        self._indexes = {k: v for k, v in self._indexes.items() if v is not idx}
 
     # --- events ----------------------------------------------------------------------------
 
@@ -527,7 +547,13 @@ class Warehouse:
             hashes = None
             if customer_ids is not None:
                 hashes = idx.customer_hashes(account_id, customer_ids)
-            return idx.events.records(idx.events.page(account_id, brand_id, q, hashes))
+            try:
+                return idx.event_records(account_id, brand_id, q, hashes)
+            except PagesLost:
+                # Its events index is gone with the pages process: answer from SQL now, and
+                # index again (in the background on a big lake).
+                log.warning("event pages process lost the index of snapshot %d", idx.version)
+                self._forget(idx)
         where = ["account_id = ?", "brand_id = ?"]
         params: list[Any] = [account_id, brand_id]
         if customer_ids is not None:

@@ -104,7 +104,12 @@ def create_app(settings: Settings | None = None) -> Litestar:
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         app.state.collector = Collector(settings, paths)
         await app.state.collector.start()
-        app.state.warehouse = Warehouse(paths, build_nice=settings.pipeline_nice)
+        app.state.warehouse = Warehouse(
+            paths,
+            build_nice=settings.pipeline_nice,
+            pages_process=settings.pages_process,
+            pages_idle=settings.pipeline_idle,
+        )
         app.state.warehouse.warm()
         try:
             yield

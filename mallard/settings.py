@@ -45,6 +45,9 @@ class Settings:
     # Whether the pipeline's model builds and maintenance run under SCHED_IDLE (Linux), taking
     # only the CPU that reads and ingest leave (see mallard/priority.py), rather than niced.
     pipeline_idle: bool = True
+    # Whether the read API's event pages (and the events half of its read index) live in a
+    # process of their own (api/pages.py), off the GIL that traits lookups need.
+    pages_process: bool = True
 
     def with_data_dir(self, data_dir: str | Path) -> Settings:
         return replace(self, data_dir=Path(data_dir).resolve())
@@ -70,4 +73,5 @@ def get_settings() -> Settings:
         prefs_query_param=_env("PREFS_QUERY_PARAM", "s"),
         pipeline_nice=int(_env("PIPELINE_NICE", "10")),
         pipeline_idle=_env("PIPELINE_IDLE", "1") not in ("0", "false", "no"),
+        pages_process=_env("PAGES_PROCESS", "1") not in ("0", "false", "no"),
     )

@@ -9,9 +9,13 @@ marts have several data files, some with DuckLake delete files.
 
 from __future__ import annotations
 
+import os
 import random
+import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -88,9 +92,12 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> DataPaths:
     return build_lake(tmp_path_factory.mktemp("index"))
 
 
-@pytest.fixture(scope="module")
-def fast(lake: DataPaths) -> Warehouse:
-    return Warehouse(lake)
+@pytest.fixture(scope="module", params=[False, True], ids=["pages_here", "pages_process"])
+def fast(request: pytest.FixtureRequest, lake: DataPaths) -> Iterator[Warehouse]:
+    """The index, with event pages from this process or from a pages process (api/pages.py)."""
+    wh = Warehouse(lake, pages_process=request.param)
+    yield wh
+    wh.close()
 
 
 @pytest.fixture(scope="module")
@@ -444,15 +451,22 @@ def test_an_update_merges_same_times_new_actions_and_new_accounts(tmp_path: Path
             assert live.events(snap, account, brand, q) == sql.events(snap, account, brand, q)
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["second_run", "third_run"])
+@pytest.fixture(
+    scope="module",
+    params=[(1, False), (2, False), (2, True)],
+    ids=["second_run", "third_run", "third_run_pages_process"],
+)
 def incremental_snap(
     request: pytest.FixtureRequest, incremental: Incremental
-) -> tuple[Warehouse, Warehouse, Snapshot]:
+) -> Iterator[tuple[Warehouse, Warehouse, Snapshot]]:
     """A snapshot of an incremental run, read after all runs (as a scroll pinned to it is)."""
-    fast, sql = Warehouse(incremental.paths), Warehouse(incremental.paths, use_index=False)
-    snap = fast.snapshot(incremental.versions[request.param])
+    run, pages = request.param
+    fast = Warehouse(incremental.paths, pages_process=pages)
+    sql = Warehouse(incremental.paths, use_index=False)
+    snap = fast.snapshot(incremental.versions[run])
     assert fast.index(snap) is not None
-    return fast, sql, snap
+    yield fast, sql, snap
+    fast.close()
 
 
 def test_incremental_event_pages_match_sql(
@@ -719,11 +733,12 @@ def test_row_group_cache_keeps_the_most_recently_read_within_its_budget() -> Non
 
 
 def test_records_are_decoded_once_and_read_from_the_row_group_cache(
-    fast: Warehouse, monkeypatch: pytest.MonkeyPatch
+    lake: DataPaths, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from api import index as index_module
 
-    idx = fast.index(fast.snapshot())
+    here = Warehouse(lake)  # the events index in this process, where the patch below applies
+    idx = here.index(here.snapshot())
     assert idx is not None
     positions = idx.events.page("shop", "SHOP", event_query(size=100), None)
     first = idx.events.records(positions)
@@ -830,3 +845,60 @@ def test_commits_that_leave_the_served_marts_are_not_listed_again(
     assert wh._files_of(replaced) == moved and listed == [replaced, replaced]
     assert wh.snapshot(replaced).built_at != first.built_at
     wh.close()
+
+
+def test_a_pages_process_updates_its_events_index_pass_by_pass(tmp_path: Path) -> None:
+    """As the API follows a pipeline's passes: the pages process updates its events index from
+    the previous pass's (not a build from all the files) and its pages are SQL's."""
+    paths = build_lake(tmp_path)
+    conn = connect(paths)
+    conn.execute("call lake.set_option('data_inlining_row_limit', 0, schema => 'marts')")
+    conn.close()
+    live, sql = Warehouse(paths, pages_process=True), Warehouse(paths, use_index=False)
+    try:
+        first = live.index(live.snapshot())
+        assert first is not None and first.events is None and not first.events_updated
+        for run, changed in ((2, "{c} % 3 = 0"), (3, "{c} % 4 = 1")):
+            version = incremental_pass(paths, run, changed)
+            idx = live.index(version)
+            assert idx is not None and idx.events is None  # its events are over there
+            assert idx.events_updated and idx.customers.updated
+            snap = live.snapshot(version)
+            for account, brand in ACCOUNT_BRANDS:
+                for params in QUERIES:
+                    q = event_query(**params)
+                    assert live.events(snap, account, brand, q) == sql.events(
+                        snap, account, brand, q
+                    ), (run, account, brand, params)
+    finally:
+        live.close()
+
+
+def test_event_pages_outlive_their_process(tmp_path: Path) -> None:
+    """The pages process killed: the next page is still right (from SQL), the index is built
+    again in a new pages process, and pages come from it."""
+    paths = build_lake(tmp_path)
+    live, sql = Warehouse(paths, pages_process=True), Warehouse(paths, use_index=False)
+    try:
+        snap = live.snapshot()
+        q = event_query(size=50, exclude="page")
+        want = sql.events(snap, "shop", "SHOP", q)
+        assert want and live.events(snap, "shop", "SHOP", q) == want
+        assert live.pages is not None
+        pid = live.pages.pid
+        assert pid is not None and pid != os.getpid()
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while live.pages.pid is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert live.events(snap, "shop", "SHOP", q) == want  # from SQL: the index is gone
+        idx = live.index(snap)  # built again (a small lake: in the request)
+        assert idx is not None and idx.events is None
+        new_pid = live.pages.pid
+        assert new_pid is not None and new_pid != pid
+        assert live.events(snap, "shop", "SHOP", q) == want
+        assert idx.event_records("shop", "SHOP", q, None) == want  # from the new process
+        assert live.index_status()["pagesProcess"] == new_pid
+    finally:
+        live.close()
+    assert live.pages.pid is None  # close() stopped it
