@@ -5,6 +5,7 @@
     config(
         materialized='incremental',
         incremental_strategy='replace_customers',
+        on_schema_change='append_new_columns',
         unique_key='customer_id',
     )
 }}
@@ -47,7 +48,8 @@ final as (
         max(last_event_time) as last_event_time,
         arg_max(
             last_received_at, (last_event_time, last_received_at, last_event_id)
-        ) as last_received_at
+        ) as last_received_at,
+        {{ written_by_pass() }}
     from candidates
     group by customer_id, event_action
 )

@@ -5,6 +5,7 @@
     config(
         materialized='incremental',
         incremental_strategy='replace_customers',
+        on_schema_change='append_new_columns',
         unique_key='customer_id',
     )
 }}
@@ -77,7 +78,8 @@ final as (
         id_type,
         id_value,
         min(first_seen) as first_seen,
-        max(last_seen) as last_seen
+        max(last_seen) as last_seen,
+        {{ written_by_pass() }}
     from seen
     group by all
 )

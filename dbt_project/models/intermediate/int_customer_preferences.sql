@@ -9,6 +9,7 @@
     config(
         materialized='incremental',
         incremental_strategy='replace_customers',
+        on_schema_change='append_new_columns',
         unique_key='customer_id',
     )
 }}
@@ -140,7 +141,8 @@ final as (
             'categories', coalesce(per_customer.categories, '[]'::json),
             'unsubscribeAll', coalesce(per_customer.unsubscribe_all, false)
         ) as marketing_preferences,
-        coalesce(per_customer.state, '[]'::json) as state
+        coalesce(per_customer.state, '[]'::json) as state,
+        {{ written_by_pass() }}
     from customers
     left join per_customer on customers.customer_id = per_customer.customer_id
 )

@@ -9,6 +9,7 @@
     config(
         materialized='incremental',
         incremental_strategy='replace_customers',
+        on_schema_change='append_new_columns',
         unique_key='customer_id',
     )
 }}
@@ -19,7 +20,7 @@ with latest as (
         trait_key,
         trait_value
     from {{ ref('int_trait_latest') }}
-    {{ where_customer_changed() }}
+    {{ where_customer_changed(rewritten=true) }}
 ),
 
 messages as (
@@ -147,7 +148,8 @@ final as (
                 or (built.traits ->> '$.email') != stored.email
                 then {{ pass_through() }}
             else stored.email_changed_at
-        end as email_changed_at
+        end as email_changed_at,
+        {{ written_by_pass() }}
     from built
     left join stored on built.customer_id = stored.customer_id
 )

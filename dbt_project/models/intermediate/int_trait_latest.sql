@@ -6,6 +6,7 @@
     config(
         materialized='incremental',
         incremental_strategy='replace_customers',
+        on_schema_change='append_new_columns',
         unique_key='customer_id',
     )
 }}
@@ -26,7 +27,8 @@ final as (
         arg_max(trait_value, (event_time, received_at, message_id)) as trait_value,
         max(event_time) as event_time,
         arg_max(received_at, (event_time, received_at, message_id)) as received_at,
-        arg_max(message_id, (event_time, received_at, message_id)) as message_id
+        arg_max(message_id, (event_time, received_at, message_id)) as message_id,
+        {{ written_by_pass() }}
     from candidates
     group by customer_id, trait_key
 )

@@ -9,7 +9,7 @@
 
 with identifiers as (
     select * from {{ ref('int_customer_identifiers') }}
-    {{ where_customer_changed() }}
+    {{ where_customer_changed(rewritten=true) }}
 ),
 
 customers as (
@@ -18,7 +18,7 @@ customers as (
 ),
 
 final as (
-    select identifiers.*
+    select identifiers.* exclude (pass_through)
     from identifiers
     inner join customers on identifiers.customer_id = customers.customer_id
 )

@@ -16,7 +16,7 @@ with customers as (
 
 preferences as (
     select * from {{ ref('int_customer_preferences') }}
-    {{ where_customer_changed() }}
+    {{ where_customer_changed(rewritten=true) }}
 ),
 
 final as (

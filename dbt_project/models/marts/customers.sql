@@ -34,17 +34,17 @@ with messages as (
 
 winners as (
     select * from {{ ref('int_customer_event_winners') }}
-    {{ where_customer_changed() }}
+    {{ where_customer_changed(rewritten=true) }}
 ),
 
 traits as (
     select * from {{ ref('int_customer_traits') }}
-    {{ where_customer_changed() }}
+    {{ where_customer_changed(rewritten=true) }}
 ),
 
 preferences as (
     select * from {{ ref('int_customer_preferences') }}
-    {{ where_customer_changed() }}
+    {{ where_customer_changed(rewritten=true) }}
 ),
 
 regulations as (

@@ -32,7 +32,7 @@ with messages as (
 
 traits as (
     select * from {{ ref('int_customer_traits') }}
-    {{ where_customer_changed() }}
+    {{ where_customer_changed(rewritten=true) }}
 ),
 
 regulations as (
