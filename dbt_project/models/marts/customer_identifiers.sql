@@ -18,7 +18,13 @@ customers as (
 ),
 
 final as (
-    select identifiers.* exclude (pass_through)
+    select
+        identifiers.customer_id,
+        identifiers.account_id,
+        identifiers.id_type,
+        identifiers.id_value,
+        identifiers.first_seen,
+        identifiers.last_seen
     from identifiers
     inner join customers on identifiers.customer_id = customers.customer_id
 )
