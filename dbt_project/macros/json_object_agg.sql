@@ -13,14 +13,3 @@
         {%- endif %}
     ) || '}')::json
 {%- endmacro %}
-
-{#
-  The JSON object text of a map of key to JSON text, without parsing the values: a member per
-  entry, in the map's order.
-#}
-{% macro map_json_text(map_col) -%}
-    ('{' || array_to_string(
-        list_transform(map_entries({{ map_col }}), e -> to_json(e.key)::varchar || ':' || e.value),
-        ','
-    ) || '}')
-{%- endmacro %}
