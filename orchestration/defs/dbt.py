@@ -6,16 +6,18 @@ import functools
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
-from dagster_dbt import DbtCliResource, dbt_assets
+from dagster_dbt import DbtCliInvocation, DbtCliResource, dbt_assets
 from dbt.version import __version__ as dbt_version
 from packaging import version
 
+from mallard.settings import get_settings
 from orchestration.context import DBT_DIR, data_paths, dbt_env, yield_cpu_to_readers
+from orchestration.dbt_in_process import in_process_dbt
 from orchestration.locks import build_lock
 from orchestration.window import (
     current_window,
@@ -79,6 +81,14 @@ class DbtResource(DbtCliResource):
 
     def _initialize_dbt_core_adapter(self, args: Any) -> Any:
         return None
+
+    def cli(self, args: Sequence[str], **kwargs: Any) -> DbtCliInvocation:  # type: ignore[override]
+        """dbt on a thread of this process, unless MALLARD_DBT_IN_PROCESS=0 (see
+        orchestration/dbt_in_process.py)."""
+        if not get_settings().dbt_in_process:
+            return super().cli(args, **kwargs)
+        with in_process_dbt():
+            return super().cli(args, **kwargs)
 
 
 def build_dbt_assets() -> tuple[Any, DbtCliResource]:
