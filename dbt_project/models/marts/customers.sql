@@ -169,16 +169,21 @@ event_objects as (
 first_last as (
     select
         base.customer_id,
-        json_merge_patch(
-            coalesce(stored.parts[3], '{}'),
-            coalesce(first_changes.removals, '{}'),
-            coalesce(first_changes.objects, '{}')
-        ) as first_event,
-        json_merge_patch(
-            coalesce(stored.parts[4], '{}'),
-            coalesce(last_changes.removals, '{}'),
-            coalesce(last_changes.objects, '{}')
-        ) as last_event
+        {% for end_of_history, part in [('first', 3), ('last', 4)] -%}
+        case
+            -- No member changed (most customers' firstEvent): the stored object, unparsed.
+            when {{ end_of_history }}_changes.customer_id is null
+                then coalesce(stored.parts[{{ part }}], '{}')
+            -- Built whole (rebuilt or new customer): every member is a change.
+            when stored.customer_id is null then {{ end_of_history }}_changes.objects
+            else json_merge_patch(
+                stored.parts[{{ part }}],
+                {{ end_of_history }}_changes.removals,
+                {{ end_of_history }}_changes.objects
+            )
+        end as {{ end_of_history }}_event
+        {%- if not loop.last %},{% endif %}
+        {% endfor %}
     from base
     left join stored on base.customer_id = stored.customer_id
     left join first_changes on base.customer_id = first_changes.customer_id
