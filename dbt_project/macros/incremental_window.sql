@@ -206,15 +206,17 @@
 #}
 {% macro get_incremental_replace_messages_sql(arg_dict) -%}
     {%- set cols = get_quoted_csv(arg_dict['dest_columns'] | map(attribute='name')) -%}
+    {#- One delete, one scan of the target: at 10M events, +100k, 0.87-1.28 s against 1.15-1.40 s
+        for a delete of each (measured alternately). -#}
     delete from {{ arg_dict['target_relation'] }}
-    where (account_id, message_id) in (
-        select (account_id, message_id) from {{ ref('int_messages_identified') }}
-        where {{ in_window('pass_through') }}
-    );
-    {%- if config.get('replace_email_changed') %}
-    delete from {{ arg_dict['target_relation'] }}
-    where customer_id in ({{ email_changed_customers() }});
-    {%- endif %}
+    where
+        (account_id, message_id) in (
+            select (account_id, message_id) from {{ ref('int_messages_identified') }}
+            where {{ in_window('pass_through') }}
+        )
+        {%- if config.get('replace_email_changed') %}
+        or customer_id in ({{ email_changed_customers() }})
+        {%- endif %};
     insert into {{ arg_dict['target_relation'] }} ({{ cols }})
     select {{ cols }} from {{ arg_dict['temp_relation'] }}
 {%- endmacro %}
