@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from types import SimpleNamespace
 from typing import Any
 
-from mallard.priority import yield_cpu
+from orchestration.context import yield_cpu_to_readers
 
 _END = b""
 # One cli() at a time swaps the module's subprocess (one build at a time holds the build lock).
@@ -81,11 +81,8 @@ class DbtThread:
         saved = {k: os.environ.get(k) for k in changed}
         os.environ.update(changed)
         try:
-            from mallard.settings import get_settings
-
-            settings = get_settings()
             # This thread's priority is inherited by the DuckDB workers dbt starts on it.
-            yield_cpu(settings.pipeline_nice, idle=settings.pipeline_idle)
+            yield_cpu_to_readers()
             self.returncode = _invoke(args, self.stdout.put)
         except BaseException as e:  # reported like dbt's own fatal errors, never lost
             self.stdout.put(_error_line(f"{type(e).__name__}: {e}"))
@@ -100,9 +97,6 @@ class DbtThread:
 
     def wait(self, timeout: float | None = None) -> int | None:
         self._thread.join(timeout)
-        return self.returncode
-
-    def poll(self) -> int | None:
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
