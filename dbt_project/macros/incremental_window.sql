@@ -93,15 +93,23 @@
 {#
   On an incremental pass, `union all` the model's stored rows of the customers it folds into,
   with these columns (expressions allowed), after the select of what the pass adds; nothing on a
-  build from scratch.
+  build from scratch. key: for a model with one row per (customer, key) (strategy
+  replace_customers with `customer_key`), only the stored rows of the keys the pass's rewritten
+  messages (in `messages`, a message-grain relation with that column) touch.
 #}
-{% macro union_stored_state(columns) -%}
+{% macro union_stored_state(columns, key=none, messages=none) -%}
     {%- if merging() %}
     union all
     select
         {{ columns | join(',\n        ') }}
     from {{ this }}
     {{ where_stored_merged() }}
+    {%- if key %}
+        and (customer_id, {{ key }}) in (
+            select (customer_id, {{ key }}) from {{ messages }}
+            where {{ in_window('pass_through') }}
+        )
+    {%- endif %}
     {%- endif -%}
 {%- endmacro %}
 
@@ -117,7 +125,8 @@
 {#
   The rows of a per-customer input for every customer a pass changes (all on a full build).
   rewritten=true: the input is a per-customer model this pass already ran (strategy
-  replace_customers), which wrote every row of every changed customer again, each with this
+  replace_customers), which wrote every row of every changed customer again (with `customer_key`,
+  every row of a key the pass touched: a reader must need only those), each with this
   pass's window end (written_by_pass()). Its changed customers' rows are then those of
   `pass_through = this pass`, a plain comparison DuckDB answers from the files' min/max: it reads
   the few files the pass wrote, not every file of the table (at 10M messages, a pass's 94k of 1M
@@ -185,15 +194,27 @@
   the rows the model computed for them. The deletion set is the changed customers, not the new
   rows, so a customer that is gone (a visitor now attributed to the user it identified as) leaves
   no rows behind.
+  With `customer_key` (a model with one row per (customer, key) that a pass computes only for the
+  keys its messages touch, see union_stored_state): delete the rows of those keys, and every row
+  of the customers rebuilt (a rebuild may drop keys; a fold only adds or replaces them).
 #}
-{% macro delete_changed_customers(relation) -%}
+{% macro delete_changed_customers(relation, key=none, computed=none) -%}
+    {%- set changed = ref('int_customers_changed') %}
     delete from {{ relation }}
-    where customer_id in (select customer_id from {{ ref('int_customers_changed') }})
+    {%- if key %}
+    where
+        (customer_id, {{ key }}) in (select (customer_id, {{ key }}) from {{ computed }})
+        or customer_id in (select customer_id from {{ changed }} where rebuild)
+    {%- else %}
+    where customer_id in (select customer_id from {{ changed }})
+    {%- endif %}
 {%- endmacro %}
 
 {% macro get_incremental_replace_customers_sql(arg_dict) -%}
     {%- set cols = get_quoted_csv(arg_dict['dest_columns'] | map(attribute='name')) -%}
-    {{ delete_changed_customers(arg_dict['target_relation']) }};
+    {{ delete_changed_customers(
+        arg_dict['target_relation'], config.get('customer_key'), arg_dict['temp_relation']
+    ) }};
     insert into {{ arg_dict['target_relation'] }} ({{ cols }})
     select {{ cols }} from {{ arg_dict['temp_relation'] }}
 {%- endmacro %}
