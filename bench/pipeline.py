@@ -8,10 +8,11 @@ Quick: 1M events (100k customers); full: 10M events (1M customers). Steps: a fre
 init` data dir; one pipeline run on the empty lake (dbt parses its manifest, as on any installed
 system); the traffic landed through the collector's own roller (bench/lake.py); the full
 rebuild, timed; the baseline (bench/baseline.sql), timed, and its outputs checked equal to the
-marts; 100k new events landed and the incremental pass timed. The lake is left for the read API
-and freshness scenarios. --increment-only: on the lake a previous run left (built when missing),
-only 100k new events and the pass, timed alike, with dbt's slowest nodes; prints, writes no
-result (for A/B runs of the models without rebuilding the lake).
+marts; 100k new events landed and the incremental pass timed, then another 100k and the next
+pass (the first runs with the page cache the baseline's memory emptied). The lake is left for
+the read API and freshness scenarios. --increment-only: on the lake a previous run left (built
+when missing), only 100k new events and the pass, timed alike, with dbt's slowest nodes;
+prints, writes no result (for A/B runs of the models without rebuilding the lake).
 """
 
 from __future__ import annotations
@@ -108,6 +109,13 @@ def main(argv: list[str] | None = None) -> int:
 
     inc_rows = lake.land_more(increment)
     inc_s, inc_steps = timed_run(lake.pipeline_run, lake.data_dir, f"incremental (+{inc_rows:,})")
+    # The baseline's DuckDB (~15 GiB) leaves the OS page cache cold for that pass: the marts'
+    # files and even Python's imports are read from disk again. Passes in operation follow
+    # passes; the next day's traffic is timed too.
+    again_rows = lake.land_more(increment)
+    again_s, again_steps = timed_run(
+        lake.pipeline_run, lake.data_dir, f"incremental again (+{again_rows:,})"
+    )
 
     ratio = full_s / base_s if base_s else 0.0
     dbt_ratio = full_steps.get("dbt", 0.0) / base_s if base_s else 0.0
@@ -127,6 +135,14 @@ def main(argv: list[str] | None = None) -> int:
         row(f"incremental pass (+{inc_rows:,} events)", round(inc_s, 1), "s", "<= 15", inc_s <= 15),
         row("  of which load", round(inc_steps.get("load", 0.0), 1), "s"),
         row("  of which dbt build (models + tests)", round(inc_steps.get("dbt", 0.0), 1), "s"),
+        row(
+            f"next incremental pass (+{again_rows:,} events, page cache warm)",
+            round(again_s, 1),
+            "s",
+            "<= 15",
+            again_s <= 15,
+        ),
+        row("  of which dbt build (models + tests)", round(again_steps.get("dbt", 0.0), 1), "s"),
     ]
     write_result("pipeline", rows)
     return 0  # a difference is reported as a failed goal, with the other figures
