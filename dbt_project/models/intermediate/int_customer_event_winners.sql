@@ -2,8 +2,8 @@
 -- event time (ties: receipt, then eventId), with the keys they won by. The customers mart builds
 -- firstEvent/lastEvent from these; incremental passes fold the rewritten messages into them.
 -- A pass writes only the actions its messages touch (and every action of a rebuilt customer):
--- the customers mart reads only those (their members are the ones that change), and a customer
--- has ~6 actions, so a pass of 100k events at 10M wrote 413k rows this way, not 100k.
+-- the customers mart reads only those (their members are the ones that change). At 10M, +100k
+-- events: 98.5k rows, against 413k when every action of each changed customer was written.
 {{
     config(
         materialized='incremental',

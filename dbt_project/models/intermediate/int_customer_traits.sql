@@ -4,8 +4,8 @@
 -- campaign of the customer's first message by event time (first recognition, as a visitor or
 -- known; a visitor's messages belong to the customer it became), unless an identify sets
 -- `campaign` itself. The first message's keys are kept to fold later passes' messages in;
--- `email_changed_at` is the window end of the pass that last changed the email of a stored customer
--- (events carry it; a new customer's events are all the pass's own, replaced anyway).
+-- `email_changed_at` is the window end of the pass that last changed the email of a stored
+-- customer (events carry it; a new customer's events are all the pass's own, replaced anyway).
 {{
     config(
         materialized='incremental',
