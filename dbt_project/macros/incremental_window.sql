@@ -9,9 +9,15 @@
   variables read while parsing.
 #}
 
-{# The end of this pass's window (max loaded_at when the pass began), as a SQL timestamptz. #}
+{# The end of this pass's window (max loaded_at when the pass began) as the orchestrator gave
+   it; empty without (a plain `dbt build`). #}
+{% macro loaded_through() -%}
+    {{- env_var('MALLARD_LOADED_THROUGH', '') if execute else '' -}}
+{%- endmacro %}
+
+{# The end of this pass's window as a SQL timestamptz; now() without one. #}
 {% macro pass_through() -%}
-    {%- set through = env_var('MALLARD_LOADED_THROUGH', '') if execute else '' -%}
+    {%- set through = loaded_through() -%}
     {%- if through -%}
         '{{ through }}'::timestamptz
     {%- else -%}
@@ -143,7 +149,7 @@
         and {{ col }} in (
             select customer_id from {{ changed }} where {{ customer_chunk('customer_id') }}
         )
-        {%- if rewritten and execute and env_var('MALLARD_LOADED_THROUGH', '') %}
+        {%- if rewritten and loaded_through() %}
         and pass_through = {{ pass_through() }}
         {%- endif %}
     {%- else %}
