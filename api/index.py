@@ -645,21 +645,13 @@ class CustomerIndex(_TableIndex):
             for i in range(start, min(hi, start + size))
         ]
 
-    def lookup(
-        self, account_id: str, id_type: str, value: str, column: str = "traits"
-    ) -> list[tuple[str, str]]:
-        """(customer_id, traits or metadata) of the customers an idType:id names, by id."""
+    def lookup(self, account_id: str, id_type: str, value: str) -> list[tuple[str, str]]:
+        """(customer_id, traits) of the customers an idType:id names, by id."""
         if id_type == "email":
             value = _hash.lower(value)
         ids = self.cols["customer_id"]
         rows = sorted((str(ids[i].as_py()), i) for i in self.by[id_type].rows_of(account_id, value))
-        if column == "metadata":
-            docs = self.reader.read(
-                "metadata", [(int(self.file[i]), int(self.row[i])) for _, i in rows]
-            )
-        else:
-            docs = [str(self.traits[i].as_py()) for _, i in rows]
-        return [(cid, doc) for (cid, _), doc in zip(rows, docs, strict=True)]
+        return [(cid, str(self.traits[i].as_py())) for cid, i in rows]
 
 
 class EventIndex(_TableIndex):

@@ -35,8 +35,12 @@ log = logging.getLogger(__name__)
 INLINE_BUILD_BYTES = 32 * 1024 * 1024
 # A change to the catalog that its files' stats missed is picked up after about this long.
 SNAPSHOT_MAX_AGE_S = 1.0
-# The marts a read answers from; a snapshot that changed none of them answers as the one before.
-SERVED_MARTS = ("customers", "events", "freshness")
+# The table behind the `customers` view that the index reads: each customer's row without the
+# firstEvent/lastEvent members of its metadata (read through the view, by customer id).
+PROFILES = "customer_profiles"
+# The marts the index and the freshness headers answer from; a snapshot that changed none of them
+# answers as the one before.
+SERVED_MARTS = (PROFILES, "events", "freshness")
 # The kinds of DuckLake snapshot changes that name the tables they changed (ids; names for
 # tables_created). Any other kind (a schema change, compaction) lists the files again.
 _TABLE_CHANGES = frozenset(
@@ -302,7 +306,7 @@ class Warehouse:
             return self._keys[version]
         out: list[Files] = []
         size = 0
-        for table in ("customers", "events"):
+        for table in (PROFILES, "events"):
             found = self._table_files(table, version)
             if isinstance(found, str):
                 if found:
@@ -588,19 +592,38 @@ class Warehouse:
         self, snap: Snapshot, account_id: str, id_type: str, value: str, column: str
     ) -> list[tuple[str, str]]:
         """(customer_id, traits|metadata JSON) of the customers an idType:id names."""
+        if column == "metadata":
+            found = self.customers_by(snap, account_id, id_type, value, "id")
+            return self._metadata(snap, [cid for cid, _ in found])
         idx = self.index(snap)
         if idx is not None:
-            return idx.customers.lookup(account_id, id_type, value, column)
+            return idx.customers.lookup(account_id, id_type, value)
         key = {"userId": "user_id = ?", "id": "customer_id = ?", "email": "email_lower = lower(?)"}[
             id_type
         ]
-        col = {"traits": "traits", "metadata": "metadata", "id": "null"}[column]
+        col = {"traits": "traits", "id": "null"}[column]
         rows = self._query(
-            f"select customer_id, {col} from lake.marts.customers AT (VERSION => {snap.version})"
+            f"select customer_id, {col} from lake.marts.{PROFILES} AT (VERSION => {snap.version})"
             f" where account_id = ? and {key} order by customer_id",
             [account_id, value],
         )
         return [(r[0], r[1]) for r in rows]
+
+    def _metadata(self, snap: Snapshot, customer_ids: list[str]) -> list[tuple[str, str]]:
+        """The metadata objects of these customers, from the `customers` view (which splices
+        firstEvent/lastEvent in). One query per customer: a filter on one customer_id reaches the
+        scans of both tables behind the view, an IN list does not (seconds at 10M messages)."""
+        out: list[tuple[str, str]] = []
+        for cid in customer_ids:
+            out += [
+                (r[0], r[1])
+                for r in self._query(
+                    "select customer_id, metadata from lake.marts.customers"
+                    f" AT (VERSION => {snap.version}) where customer_id = ?",
+                    [cid],
+                )
+            ]
+        return out
 
     def customer_page(
         self, snap: Snapshot, account_id: str, after: str | None, offset: int, size: int
@@ -609,7 +632,7 @@ class Warehouse:
         if idx is not None:
             return idx.customers.page(account_id, after, offset, size)
         rows = self._query(
-            f"select customer_id, traits from lake.marts.customers AT (VERSION => {snap.version})"
+            f"select customer_id, traits from lake.marts.{PROFILES} AT (VERSION => {snap.version})"
             " where account_id = ? and customer_id > ? order by customer_id limit ? offset ?",
             [account_id, after or "", size, offset],
         )

@@ -40,7 +40,7 @@ def sample_user_ids(lake: Lake, n: int = 2000) -> list[str]:
     conn = connect(lake.paths, read_only=True)
     try:
         rows = conn.execute(
-            "select user_id from lake.marts.customers where user_id is not null"
+            "select user_id from lake.marts.customer_profiles where user_id is not null"
             f" using sample reservoir({n} rows) repeatable ({lake.seed})"
         ).fetchall()
         return sorted(r[0] for r in rows)

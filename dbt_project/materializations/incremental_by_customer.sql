@@ -10,6 +10,11 @@
     then the stored rows deleted and the new ones inserted (as the `replace_customers` strategy
     of the incremental models does); usually one chunk, more when a pass changes many customers
     (a backfill, a plain `dbt build` without a window).
+  `commit_with`: on a pass, this model's rows are written by the commit of the model named there
+  (which must depend on it), in the same DuckLake snapshot as that model's own rows: until then
+  they wait in a table of dbt's in-memory database (`<name>__pending`). Two marts the read API
+  combines in one answer (customer_event_objects into the `customers` view's metadata, with
+  customer_profiles) then never show one pass's rows beside the other's older ones.
 #}
 {% materialization incremental_by_customer, adapter='duckdb' %}
     {%- set target = this.incorporate(type='table') -%}
@@ -34,6 +39,8 @@
         {%- set backup = make_backup_relation(target, 'table') -%}
         {{ drop_relation_if_exists(load_cached_relation(build)) }}
         {{ drop_relation_if_exists(load_cached_relation(backup)) }}
+    {%- elif config.get('commit_with') -%}
+        {%- set build = pending_relation(target) -%}
     {%- else -%}
         {%- set build = 'temp.main."' ~ target.identifier ~ '__merge"' -%}
     {%- endif -%}
@@ -43,7 +50,8 @@
             | replace('__customer_chunk__', i | string) -%}
         {%- call statement('chunk_' ~ i) -%}
             {%- if loop.first %}
-            create {{ 'table' if full else 'or replace temp table' }} {{ build }} as select * from ({{ sql }})
+            create {{ 'table' if full else 'or replace table' if config.get('commit_with')
+                else 'or replace temp table' }} {{ build }} as select * from ({{ sql }})
             {%- else %}
             insert into {{ build }} by name select * from ({{ sql }})
             {%- endif %}
@@ -57,18 +65,70 @@
             {{ adapter.rename_relation(existing, backup) }}
         {%- endif -%}
         {{ adapter.rename_relation(build, target) }}
+    {%- elif config.get('commit_with') -%}
+        {#- Written by the commit of the model named in commit_with. -#}
+        {%- call statement('main') -%}
+            select 1
+        {%- endcall -%}
     {%- else -%}
         {%- call statement('main') -%}
-            {{ delete_changed_customers(target) }};
+            {{ delete_changed_customers(target, config.get('customer_key'), build) }};
             insert into {{ target }} by name select * from {{ build }};
             drop table {{ build }}
         {%- endcall -%}
     {%- endif -%}
+    {{ write_pending_companions() }}
     {{ run_hooks(post_hooks, inside_transaction=True) }}
     {{ adapter.commit() }}
+    {{ drop_pending_companions() }}
     {%- if full and existing is not none -%}
         {{ adapter.drop_relation(backup) }}
     {%- endif -%}
     {{ run_hooks(post_hooks, inside_transaction=False) }}
     {{ return({'relations': [target]}) }}
 {% endmaterialization %}
+
+{# Where a `commit_with` model's rows of a pass wait: dbt's in-memory database, which the models
+   of one dbt invocation share (temp tables belong to one connection, and each model has its
+   own). #}
+{% macro pending_relation(target) -%}
+    memory.main."{{ target.identifier }}__pending"
+{%- endmacro %}
+
+{# The models whose rows a model's commit writes (`commit_with` naming it). #}
+{% macro commit_companions() -%}
+    {{ return(graph.nodes.values()
+        | selectattr('resource_type', 'equalto', 'model')
+        | selectattr('config.commit_with', 'equalto', model.name) | list) }}
+{%- endmacro %}
+
+{# In this model's transaction: the pending rows of the models that commit with it (written
+   before it: it depends on them), each replacing its changed customers' rows. #}
+{% macro write_pending_companions() -%}
+    {%- for node in commit_companions() -%}
+        {%- set companion = api.Relation.create(
+            database=node.database, schema=node.schema, identifier=node.alias) -%}
+        {%- set pending = pending_relation(companion) -%}
+        {%- set found = run_query(
+            "select count(*) from duckdb_tables() where database_name = 'memory'"
+            ~ " and schema_name = 'main' and table_name = '" ~ node.alias ~ "__pending'"
+        ).columns[0].values()[0] -%}
+        {%- if found -%}
+            {%- call statement('commit_with_' ~ node.name) -%}
+                {{ delete_changed_customers(companion, node.config.get('customer_key'), pending) }};
+                insert into {{ companion }} by name select * from {{ pending }}
+            {%- endcall -%}
+        {%- endif -%}
+    {%- endfor -%}
+{%- endmacro %}
+
+{# After the commit (a transaction that wrote the lake may not write dbt's in-memory database). #}
+{% macro drop_pending_companions() -%}
+    {%- for node in commit_companions() -%}
+        {%- set companion = api.Relation.create(
+            database=node.database, schema=node.schema, identifier=node.alias) -%}
+        {%- call statement('drop_pending_' ~ node.name) -%}
+            drop table if exists {{ pending_relation(companion) }}
+        {%- endcall -%}
+    {%- endfor -%}
+{%- endmacro %}

@@ -507,7 +507,7 @@ def lake_customer_ids(lake: Lake) -> set[str]:
     conn = connect(DataPaths(lake.server.data_dir), read_only=True)
     try:
         rows = conn.execute(
-            "select customer_id from lake.marts.customers where account_id = ?", [ACCOUNT]
+            "select customer_id from lake.marts.customer_profiles where account_id = ?", [ACCOUNT]
         ).fetchall()
         return {r[0] for r in rows}
     finally:

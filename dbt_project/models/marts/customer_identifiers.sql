@@ -13,7 +13,7 @@ with identifiers as (
 ),
 
 customers as (
-    select customer_id from {{ ref('customers') }}
+    select customer_id from {{ ref('customer_profiles') }}
     {{ where_customer_changed() }}
 ),
 

@@ -10,7 +10,7 @@
 }}
 
 with customers as (
-    select * from {{ ref('customers') }}
+    select * from {{ ref('customer_profiles') }}
     {{ where_customer_changed() }}
 ),
 

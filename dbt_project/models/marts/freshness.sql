@@ -3,7 +3,8 @@
 -- the models' state is of the same `models_epoch` (dbt_project.yml).
 -- Built last (it depends on every served mart), so a pass that fails anywhere leaves the
 -- previous row, and the next pass takes the failed pass's messages again.
--- depends_on: {{ ref('events') }}, {{ ref('customers') }}, {{ ref('customer_identifiers') }}
+-- depends_on: {{ ref('events') }}, {{ ref('customers') }}, {{ ref('customer_profiles') }},
+-- depends_on: {{ ref('customer_identifiers') }}
 -- depends_on: {{ ref('customer_preferences') }}, {{ ref('duplicates') }}
 with messages as (
     select * from {{ ref('stg_messages') }}

@@ -31,7 +31,7 @@ ACTIONS = ["page", "logged_in", "order_completed", "identify"]
 
 
 def customers_sql(ids: str, run: int = 1) -> str:
-    """The customers rows of the customer numbers `ids` (SQL of one column i), as of a run."""
+    """The customer_profiles rows of the customer numbers `ids` (SQL of one column i), as of a run."""
     return f"""
         select md5('c' || i) as customer_id, 'acme' as client_id,
             case when i % 10 = 0 then 'other' else 'shop' end as account_id,
@@ -73,8 +73,13 @@ def build_lake(root: Path, customers: int = 300, events: int = 4000) -> DataPath
     conn.execute("create schema if not exists lake.marts")
     conn.execute("call lake.set_option('parquet_row_group_size', 256, schema => 'marts')")
     conn.execute(
-        "create table lake.marts.customers as "
+        "create table lake.marts.customer_profiles as "
         + customers_sql(f"select i from range({customers}) t(i)")
+    )
+    # The real view splices firstEvent/lastEvent into metadata (dbt_project/models/marts).
+    conn.execute(
+        "create view lake.marts.customers as"
+        " select customer_id, account_id, user_id, metadata from lake.marts.customer_profiles"
     )
     conn.execute(
         "create table lake.marts.events as "
@@ -149,7 +154,7 @@ def profile_probes(sql: Warehouse, snap: Snapshot, user_ids: int, ids: int) -> l
     probes += [
         ("id", r[0])
         for r in sql._query(
-            f"select customer_id from lake.marts.customers AT (VERSION => {snap.version})"
+            f"select customer_id from lake.marts.customer_profiles AT (VERSION => {snap.version})"
             f" order by customer_id limit {ids}"
         )
     ]
@@ -285,12 +290,12 @@ def incremental_pass(paths: DataPaths, run: int, changed: str) -> int:
     conn = connect(paths)
     try:
         conn.execute("begin")
-        for table in ("customers", "events"):
+        for table in ("customer_profiles", "events"):
             conn.execute(
                 f"delete from lake.marts.{table}"
                 f" where customer_id in (select md5('c' || i) from ({ids}))"
             )
-        conn.execute("insert into lake.marts.customers " + customers_sql(ids, run))
+        conn.execute("insert into lake.marts.customer_profiles " + customers_sql(ids, run))
         conn.execute("insert into lake.marts.events " + events_sql(pairs, run))
         conn.execute("commit")
         return int(conn.execute("select id from lake.current_snapshot()").fetchall()[0][0])
@@ -332,7 +337,7 @@ def list_files(wh: Warehouse, table: str, version: int) -> list[tuple[Any, ...]]
 def test_incremental_passes_are_indexed_with_their_delete_files(incremental: Incremental) -> None:
     wh = Warehouse(incremental.paths)
     for v in incremental.versions[1:]:
-        for table in ("customers", "events"):
+        for table in ("customer_profiles", "events"):
             files = list_files(wh, table, v)
             assert len(files) > 1 and any(d for _, d in files), (table, v)
     assert all(idx is not None for idx in incremental.indexed)
@@ -420,11 +425,11 @@ def test_an_update_merges_same_times_new_actions_and_new_accounts(tmp_path: Path
     )
     # Customers of a new account, and changed ones (one now shares an email with others).
     conn.execute(
-        "insert into lake.marts.customers select * replace ('aaa' as account_id,"
-        " md5('n' || customer_id) as customer_id) from lake.marts.customers where user_id < 'u-3'"
+        "insert into lake.marts.customer_profiles select * replace ('aaa' as account_id,"
+        " md5('n' || customer_id) as customer_id) from lake.marts.customer_profiles where user_id < 'u-3'"
     )
     conn.execute(
-        "update lake.marts.customers set email_lower = 'shared@example.com',"
+        "update lake.marts.customer_profiles set email_lower = 'shared@example.com',"
         " traits = json_object('changed', customer_id) where user_id in ('u-4', 'u-12')"
     )
     conn.execute("commit")
@@ -506,7 +511,7 @@ def test_deleted_rows_never_appear(incremental: Incremental) -> None:
             )
         }
 
-    gone_records, gone_traits = gone("events", "record"), gone("customers", "traits")
+    gone_records, gone_traits = gone("events", "record"), gone("customer_profiles", "traits")
     gone_metadata = gone("customers", "metadata")
     assert len(gone_records) > 1000 and len(gone_traits) > 100
     seen: list[str] = []
@@ -520,7 +525,7 @@ def test_deleted_rows_never_appear(incremental: Incremental) -> None:
                 page += 1
     assert seen and not gone_records & set(seen)
     customers = fast._query(
-        f"select account_id, customer_id, user_id from lake.marts.customers AT (VERSION => {first})"
+        f"select account_id, customer_id, user_id from lake.marts.customer_profiles AT (VERSION => {first})"
     )
     for account, customer_id, user_id in customers:
         for id_type, value in (("id", customer_id), ("userId", user_id)):

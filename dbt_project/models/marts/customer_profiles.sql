@@ -1,0 +1,165 @@
+-- One row per served customer (grain: customer_id): the traits object, and the metadata object of
+-- INTERFACE.md 2.9 without its firstEvent/lastEvent members (`metadata_base`), with typed columns
+-- for lookups. The `customers` view splices those members in from customer_event_objects:
+-- they are most of a customer's metadata (4.7 of 5.3 KB at 10M messages) and a pass changes few
+-- of them, so they are not written again with every changed customer.
+{{
+    config(
+        materialized='incremental_by_customer',
+        customers_per_chunk=env_var('MALLARD_CUSTOMERS_PER_CHUNK', '125000') | int,
+    )
+}}
+
+-- Writes the pass's customer_event_objects in its own commit (their `commit_with`).
+-- depends_on: {{ ref('customer_event_objects') }}
+
+-- Incremental passes fold the messages a pass rewrote into each changed customer's stored row
+-- (see merging() in macros/incremental_window.sql): created and last activity by min and max.
+
+with messages as (
+    {{ merge_input(ref('int_messages_identified'), [
+        "customer_id",
+        "account_id",
+        "client_id",
+        "customer_user_id",
+        "landing_file",
+        "channel",
+        "event_id",
+        "event_time",
+        "received_at",
+    ]) }}
+),
+
+traits as (
+    select * from {{ ref('int_customer_traits') }}
+    {{ where_customer_changed(rewritten=true) }}
+),
+
+preferences as (
+    select * from {{ ref('int_customer_preferences') }}
+    {{ where_customer_changed(rewritten=true) }}
+),
+
+regulations as (
+    select * from {{ ref('regulation_state') }}
+),
+
+partial_base as (
+    select
+        customer_id,
+        account_id,
+        any_value(client_id) as client_id,
+        max(customer_user_id) as user_id,
+        arg_min(landing_file, (received_at, event_id)) as created_file,
+        arg_min(channel, (received_at, event_id)) as created_channel,
+        min(received_at) as created_time,
+        arg_min(event_id, (received_at, event_id)) as created_event_id,
+        max(event_time) as last_activity_time
+    from messages
+    group by customer_id, account_id
+    {% if merging() -%}
+    union all
+    select
+        customer_id,
+        account_id,
+        client_id,
+        user_id,
+        created_file,
+        created_channel,
+        created_time,
+        created_event_id,
+        last_activity_time
+    from {{ this }}
+    {{ where_stored_merged() }}
+    {%- endif %}
+),
+
+base as (
+    select
+        customer_id,
+        account_id,
+        any_value(client_id) as client_id,
+        max(user_id) as user_id,
+        arg_min(created_file, (created_time, created_event_id)) as created_file,
+        arg_min(created_channel, (created_time, created_event_id)) as created_channel,
+        min(created_time) as created_time,
+        arg_min(created_event_id, (created_time, created_event_id)) as created_event_id,
+        max(last_activity_time) as last_activity_time
+    from partial_base
+    group by customer_id, account_id
+),
+
+assembled as (
+    select
+        base.*,
+        {{ subscription_id('base.customer_id') }} as subscription_id,
+        json_merge_patch(
+            traits.traits,
+            json_object(
+                'id', base.customer_id,
+                'externalId', base.user_id,
+                'marketingPreferences', preferences.marketing_preferences
+            )
+        ) as patched_traits
+    from base
+    inner join traits on base.customer_id = traits.customer_id
+    inner join preferences on base.customer_id = preferences.customer_id
+    anti join regulations
+        on
+            base.account_id = regulations.account_id
+            and base.user_id = regulations.user_id
+),
+
+traits_objects as (
+    select
+        *,
+        -- The patch drops keys patched with null, yet an anonymous customer's traits still show
+        -- `"externalId": null` (INTERFACE.md 2.9): put it back in front of the object.
+        case
+            when user_id is null
+                then ('{"externalId":null,' || substr(patched_traits::varchar, 2))::json
+            else patched_traits
+        end as traits_object
+    from assembled
+),
+
+final as (
+    select
+        customer_id,
+        client_id,
+        account_id,
+        user_id,
+        lower(traits_object ->> '$.email') as email_lower,
+        subscription_id,
+        traits_object as traits,
+        json_merge_patch(
+            traits_object,
+            json_object(
+                -- Null: a trait of these names gives way to the objects the view splices in.
+                'firstEvent', null,
+                'lastEvent', null,
+                '_subscriptionId', subscription_id,
+                'createdBy', json_object(
+                    'filename', created_file,
+                    'createdTime', {{ iso_ts('created_time') }},
+                    'type', created_channel
+                ),
+                'audiencesStatic', '[]'::json,
+                'lastActivityTime', {{ iso_ts('last_activity_time') }}
+            )
+        ) as metadata_base,
+        created_file,
+        created_channel,
+        created_time,
+        created_event_id,
+        last_activity_time
+    from traits_objects
+    -- Sorted, on passes too: unsorted, a pass's new customers (often anonymous visitors) came
+    -- out together and filled whole row groups with null user_ids (test ducklake_stats_complete).
+    -- Not by user_id: anonymous customers' null user_ids would fill whole row groups, and
+    -- DuckLake (1.5.5) then records no min/max for the file's user_id and prunes that file from
+    -- every `where user_id = ...` once another file has stats (customers silently not found).
+    order by account_id, customer_id
+)
+
+select * from final
