@@ -9,14 +9,8 @@
 with objects as (
     select
         customer_id,
-        {% for end_of_history in ['first', 'last'] -%}
-        '{' || coalesce(string_agg(
-            to_json(event_action)::varchar || ':' || event_object::varchar, ','
-            order by event_action
-        ) filter (where end_of_history = '{{ end_of_history }}'), '') || '}'
-            as {{ end_of_history }}_event
-        {%- if not loop.last %},{% endif %}
-        {% endfor %}
+        {{ event_members('first') }} as first_event,
+        {{ event_members('last') }} as last_event
     from {{ ref('customer_event_objects') }}
     group by customer_id
 ),

@@ -31,7 +31,8 @@ ACTIONS = ["page", "logged_in", "order_completed", "identify"]
 
 
 def customers_sql(ids: str, run: int = 1) -> str:
-    """The customer_profiles rows of the customer numbers `ids` (SQL of one column i), as of a run."""
+    """The customer_profiles rows of the customer numbers `ids` (SQL of one column i), as of a
+    run."""
     return f"""
         select md5('c' || i) as customer_id, 'acme' as client_id,
             case when i % 10 = 0 then 'other' else 'shop' end as account_id,
@@ -426,7 +427,8 @@ def test_an_update_merges_same_times_new_actions_and_new_accounts(tmp_path: Path
     # Customers of a new account, and changed ones (one now shares an email with others).
     conn.execute(
         "insert into lake.marts.customer_profiles select * replace ('aaa' as account_id,"
-        " md5('n' || customer_id) as customer_id) from lake.marts.customer_profiles where user_id < 'u-3'"
+        " md5('n' || customer_id) as customer_id) from lake.marts.customer_profiles"
+        " where user_id < 'u-3'"
     )
     conn.execute(
         "update lake.marts.customer_profiles set email_lower = 'shared@example.com',"
@@ -525,7 +527,8 @@ def test_deleted_rows_never_appear(incremental: Incremental) -> None:
                 page += 1
     assert seen and not gone_records & set(seen)
     customers = fast._query(
-        f"select account_id, customer_id, user_id from lake.marts.customer_profiles AT (VERSION => {first})"
+        "select account_id, customer_id, user_id"
+        f" from lake.marts.customer_profiles AT (VERSION => {first})"
     )
     for account, customer_id, user_id in customers:
         for id_type, value in (("id", customer_id), ("userId", user_id)):
