@@ -28,12 +28,14 @@ def test_a_pass_runs_dbt_on_a_thread_of_the_pipeline_process(tmp_path: Path) -> 
     mallard("init", data_dir=data)
     target = data / "dbt" / "target"
 
+    models = len(list((DBT_DIR / "models").rglob("*.sql")))
+    built = f"dbt build: {models}/{models} models built"
     out = mallard("pipeline", "run", data_dir=data)
-    assert "dbt build: 19/19 models built" in out.stdout, out.stdout
+    assert built in out.stdout, out.stdout
     assert _invoked_on(target) == "dbt"
 
     out = mallard("pipeline", "run", data_dir=data, env={"MALLARD_DBT_IN_PROCESS": "0"})
-    assert "dbt build: 19/19 models built" in out.stdout, out.stdout
+    assert built in out.stdout, out.stdout
     assert _invoked_on(target) == "MainThread"
 
 
