@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -329,6 +330,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TenancyError as e:
         print(f"mallard: {e}", file=sys.stderr)
         return 2
+    finally:
+        # Python's last garbage collections at exit walk every object a command leaves: after a
+        # `pipeline run` at 10M messages (~400k objects: Dagster, dbt's manifest) they took
+        # 1.1 s of the pass, measured. Frozen, they are left to the OS; files, the warehouse
+        # and Dagster's storage are closed by then, and refcounted objects still finalize.
+        gc.freeze()
 
 
 if __name__ == "__main__":
