@@ -216,13 +216,17 @@
     {%- endif %}
 {%- endmacro %}
 
+{# The changed customers' stored rows of `target` replaced by the rows in `computed`: the strategy
+   below, and incremental_by_customer (its own rows, and those of its `commit_with` companions). #}
+{% macro replace_changed_customers(target, key, computed) -%}
+    {{ delete_changed_customers(target, key, computed) }};
+    insert into {{ target }} by name select * from {{ computed }}
+{%- endmacro %}
+
 {% macro get_incremental_replace_customers_sql(arg_dict) -%}
-    {%- set cols = get_quoted_csv(arg_dict['dest_columns'] | map(attribute='name')) -%}
-    {{ delete_changed_customers(
+    {{ replace_changed_customers(
         arg_dict['target_relation'], config.get('customer_key'), arg_dict['temp_relation']
-    ) }};
-    insert into {{ arg_dict['target_relation'] }} ({{ cols }})
-    select {{ cols }} from {{ arg_dict['temp_relation'] }}
+    ) }}
 {%- endmacro %}
 
 {#

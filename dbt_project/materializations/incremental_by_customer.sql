@@ -40,7 +40,7 @@
         {{ drop_relation_if_exists(load_cached_relation(build)) }}
         {{ drop_relation_if_exists(load_cached_relation(backup)) }}
     {%- elif config.get('commit_with') -%}
-        {%- set build = pending_relation(target) -%}
+        {%- set build = pending_relation(target.identifier) -%}
     {%- else -%}
         {%- set build = 'temp.main."' ~ target.identifier ~ '__merge"' -%}
     {%- endif -%}
@@ -72,8 +72,7 @@
         {%- endcall -%}
     {%- else -%}
         {%- call statement('main') -%}
-            {{ delete_changed_customers(target, config.get('customer_key'), build) }};
-            insert into {{ target }} by name select * from {{ build }};
+            {{ replace_changed_customers(target, config.get('customer_key'), build) }};
             drop table {{ build }}
         {%- endcall -%}
     {%- endif -%}
@@ -91,8 +90,8 @@
 {# Where a `commit_with` model's rows of a pass wait: dbt's in-memory database, which the models
    of one dbt invocation share (temp tables belong to one connection, and each model has its
    own). #}
-{% macro pending_relation(target) -%}
-    memory.main."{{ target.identifier }}__pending"
+{% macro pending_relation(identifier) -%}
+    memory.main."{{ identifier }}__pending"
 {%- endmacro %}
 
 {# The models whose rows a model's commit writes (`commit_with` naming it). #}
@@ -106,17 +105,16 @@
    before it: it depends on them), each replacing its changed customers' rows. #}
 {% macro write_pending_companions() -%}
     {%- for node in commit_companions() -%}
-        {%- set companion = api.Relation.create(
-            database=node.database, schema=node.schema, identifier=node.alias) -%}
-        {%- set pending = pending_relation(companion) -%}
+        {%- set pending = pending_relation(node.alias) -%}
         {%- set found = run_query(
             "select count(*) from duckdb_tables() where database_name = 'memory'"
             ~ " and schema_name = 'main' and table_name = '" ~ node.alias ~ "__pending'"
         ).columns[0].values()[0] -%}
         {%- if found -%}
+            {%- set companion = api.Relation.create(
+                database=node.database, schema=node.schema, identifier=node.alias) -%}
             {%- call statement('commit_with_' ~ node.name) -%}
-                {{ delete_changed_customers(companion, node.config.get('customer_key'), pending) }};
-                insert into {{ companion }} by name select * from {{ pending }}
+                {{ replace_changed_customers(companion, node.config.get('customer_key'), pending) }}
             {%- endcall -%}
         {%- endif -%}
     {%- endfor -%}
@@ -125,10 +123,8 @@
 {# After the commit (a transaction that wrote the lake may not write dbt's in-memory database). #}
 {% macro drop_pending_companions() -%}
     {%- for node in commit_companions() -%}
-        {%- set companion = api.Relation.create(
-            database=node.database, schema=node.schema, identifier=node.alias) -%}
         {%- call statement('drop_pending_' ~ node.name) -%}
-            drop table if exists {{ pending_relation(companion) }}
+            drop table if exists {{ pending_relation(node.alias) }}
         {%- endcall -%}
     {%- endfor -%}
 {%- endmacro %}
