@@ -46,6 +46,31 @@ def landing_files(paths: DataPaths) -> list[str]:
     )
 
 
+def landing_mark(paths: DataPaths) -> str:
+    """When the last landing file appeared, as a cursor that orders as a string: the largest
+    inode-change time (ns, zero-padded) of the complete landing files; "" with none. A file
+    lands by rename (collector/roller.py), which sets its ctime, so a file that appears after a
+    mark was read has a larger one whatever its name. Names do not say which file is newer: the
+    files of several collectors (`b-...05` lands, then `a-...09`) and a segment of an earlier
+    day rolled late (after a crash) sort before files that landed first."""
+    root = paths.landing_dir
+    if not root.exists():
+        return ""
+    newest = 0
+    for p in root.glob("date=*/*.parquet"):
+        if p.name.startswith("."):
+            continue
+        with suppress(FileNotFoundError):  # removed meanwhile (retention)
+            newest = max(newest, p.stat().st_ctime_ns)
+    return f"{newest:020d}" if newest else ""
+
+
+def landed_since(mark: str, cursor: str | None) -> bool:
+    """Whether files landed after `cursor` (an earlier landing_mark; anything else, such as a
+    file name an earlier version kept, counts as none)."""
+    return bool(mark) and (not (cursor or "").isdigit() or mark > (cursor or ""))
+
+
 def load_new_files(paths: DataPaths, *, fail_before_commit: bool = False) -> LoadResult:
     """Load every landing file not in the ledger. `fail_before_commit` is for crash tests."""
     ensure_warehouse(paths)

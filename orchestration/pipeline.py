@@ -122,21 +122,20 @@ def watch_pipeline(
     begin: Callable[[], object] = lambda: None,
 ) -> int:
     """Pass after pass in this one process, each as soon as new landing files are there (the
-    sensor's rule: a file newer than the newest one at the last pass's start), until stop is
+    sensor's rule: a file landed since the last pass began, by `landing_mark`), until stop is
     set; a pass under way finishes first. Dagster and the project are imported once, not per
     pass: at 10M messages a pass of a few messages took a median of 24.4 s, against 30-32 s for
     a new process each (bench/freshness.py, 2026-11-24). Runs are recorded in the Dagster
     instance as `mallard pipeline run` records them. A failed pass is retried after retry_s, or
     sooner when new files land. Returns the number of passes."""
-    from orchestration.load import landing_files
+    from orchestration.load import landed_since, landing_mark
 
     paths = DataPaths(data_dir)
     cursor, again_at, passes = "", 0.0, 0
     while not stop.is_set():
-        files = landing_files(paths)
-        newest = files[-1] if files else ""
-        if newest > cursor or (again_at and time.monotonic() >= again_at):
-            cursor = newest
+        mark = landing_mark(paths)
+        if landed_since(mark, cursor) or (again_at and time.monotonic() >= again_at):
+            cursor = mark
             begin()
             steps = _pass_off_the_main_thread(data_dir)
             passes += 1

@@ -4,7 +4,7 @@
 import dagster as dg
 
 from orchestration.context import data_paths
-from orchestration.load import landing_files, load_new_files
+from orchestration.load import landed_since, landing_mark, load_new_files
 
 RAW_MESSAGES = dg.AssetKey(["raw", "messages"])
 ACTIVE_RUN_STATUSES = [
@@ -42,9 +42,8 @@ def new_files_sensor(job_name: str) -> dg.SensorDefinition:
         description="Runs the pipeline when new landing files appear.",
     )
     def landing_files_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
-        files = landing_files(data_paths())
-        newest = files[-1] if files else ""
-        if not files or newest <= (context.cursor or ""):
+        mark = landing_mark(data_paths())
+        if not landed_since(mark, context.cursor):
             return dg.SensorResult(skip_reason="no new landing files")
         # One pass loads every file landed so far: while one is queued or running, more
         # requests would only queue up behind it (measured: 5 runs deep, p50 freshness 198 s).
@@ -53,7 +52,7 @@ def new_files_sensor(job_name: str) -> dg.SensorDefinition:
         )
         if active:
             return dg.SensorResult(skip_reason=f"run {active[0].run_id} still in progress")
-        return dg.SensorResult(run_requests=[dg.RunRequest(run_key=newest)], cursor=newest)
+        return dg.SensorResult(run_requests=[dg.RunRequest(run_key=mark)], cursor=mark)
 
     return landing_files_sensor
 
