@@ -7,9 +7,11 @@ because two concurrent appends would both commit.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 
 import duckdb
 
@@ -34,16 +36,17 @@ class LoadResult:
         return f"{self.files} new landing files, {self.rows} rows{more}"
 
 
+def _complete_landing_files(paths: DataPaths) -> Iterator[Path]:
+    """Every complete landing file (a roll in progress is a dot-named temp file)."""
+    if paths.landing_dir.exists():
+        for p in paths.landing_dir.glob("date=*/*.parquet"):
+            if not p.name.startswith("."):
+                yield p
+
+
 def landing_files(paths: DataPaths) -> list[str]:
-    """Every complete landing file, relative to the landing dir (temp files excluded)."""
-    root = paths.landing_dir
-    if not root.exists():
-        return []
-    return sorted(
-        str(p.relative_to(root))
-        for p in root.glob("date=*/*.parquet")
-        if not p.name.startswith(".")
-    )
+    """Every complete landing file, relative to the landing dir."""
+    return sorted(str(p.relative_to(paths.landing_dir)) for p in _complete_landing_files(paths))
 
 
 def landing_mark(paths: DataPaths) -> str:
@@ -53,13 +56,8 @@ def landing_mark(paths: DataPaths) -> str:
     mark was read has a larger one whatever its name. Names do not say which file is newer: the
     files of several collectors (`b-...05` lands, then `a-...09`) and a segment of an earlier
     day rolled late (after a crash) sort before files that landed first."""
-    root = paths.landing_dir
-    if not root.exists():
-        return ""
     newest = 0
-    for p in root.glob("date=*/*.parquet"):
-        if p.name.startswith("."):
-            continue
+    for p in _complete_landing_files(paths):
         with suppress(FileNotFoundError):  # removed meanwhile (retention)
             newest = max(newest, p.stat().st_ctime_ns)
     return f"{newest:020d}" if newest else ""
