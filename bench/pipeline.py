@@ -9,7 +9,9 @@ init` data dir; one pipeline run on the empty lake (dbt parses its manifest, as 
 system); the traffic landed through the collector's own roller (bench/lake.py); the full
 rebuild, timed; the baseline (bench/baseline.sql), timed, and its outputs checked equal to the
 marts; 100k new events landed and the incremental pass timed, then another 100k and the next
-pass (the first runs with the page cache the baseline's memory emptied). The lake is left for
+pass (the first runs with the page cache the baseline's memory emptied), then a third 100k timed
+in a process that ran a pass before (as `mallard pipeline run --watch` runs passes, without the
+process start and most of dbt's start-up that each `mallard pipeline run` pays). The lake is left for
 the read API and freshness scenarios. --increment-only: on the lake a previous run left (built
 when missing), only 100k new events and the pass, timed alike, with dbt's slowest nodes;
 prints, writes no result (for A/B runs of the models without rebuilding the lake).
@@ -19,13 +21,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from bench.baseline import compare, run_baseline
-from bench.lake import ensure_lake, fresh_lake, generate, sizes
+from bench.lake import Lake, ensure_lake, fresh_lake, generate, sizes
 from bench.stats import row, write_result
+from mallard.harness import REPO
 
 INCREMENT = 100_000
 
@@ -55,6 +60,53 @@ def timed_run(
     parts = ", ".join(f"{k} {v:.1f} s" for k, v in steps.items())
     print(f"{label:<28} {wall:8.1f} s   ({parts})", flush=True)
     return wall, steps
+
+
+# A pass as a `mallard pipeline run --watch` process runs it: in a process that ran a pass
+# before, so Dagster, dbt and the project are imported and parsed already.
+_LONG_LIVED = """
+import sys, time
+from pathlib import Path
+from orchestration.pipeline import run_pipeline
+data_dir = Path(sys.argv[1])
+run_pipeline(data_dir)
+print("ready", flush=True)
+sys.stdin.readline()
+t0 = time.perf_counter()
+ok = all(step.ok for step in run_pipeline(data_dir))
+print("pass", time.perf_counter() - t0, ok, flush=True)
+"""
+
+
+def long_lived_pass(lake: Lake, increment: int) -> tuple[int, float, dict[str, float]]:
+    """Land `increment` events while a process that already ran a pass waits, then time its
+    next pass. Returns (rows landed, seconds, seconds per step)."""
+    env = {**os.environ, "MALLARD_DATA_DIR": str(lake.data_dir)}
+    with subprocess.Popen(
+        [sys.executable, "-c", _LONG_LIVED, str(lake.data_dir)],
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        for line in proc.stdout:
+            if line.strip() == "ready":
+                break
+        else:
+            raise AssertionError(f"the long-lived pass process exited ({proc.wait()})")
+        rows = lake.land_more(increment)
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        result = [line.split() for line in proc.stdout if line.startswith("pass ")]
+        if proc.wait() != 0 or not result or result[-1][2] != "True":
+            raise AssertionError(f"the long-lived pass failed ({proc.returncode}): {result}")
+    secs = float(result[-1][1])
+    steps = step_seconds(lake.data_dir)
+    parts = ", ".join(f"{k} {v:.1f} s" for k, v in steps.items())
+    print(f"{'long-lived (+' + f'{rows:,})':<28} {secs:8.1f} s   ({parts})", flush=True)
+    return rows, secs, steps
 
 
 def increment_only(events: int, customers: int, seed: int, increment: int) -> int:
@@ -116,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     again_s, again_steps = timed_run(
         lake.pipeline_run, lake.data_dir, f"incremental again (+{again_rows:,})"
     )
+    ll_rows, ll_s, ll_steps = long_lived_pass(lake, increment)
 
     ratio = full_s / base_s if base_s else 0.0
     dbt_ratio = full_steps.get("dbt", 0.0) / base_s if base_s else 0.0
@@ -143,6 +196,14 @@ def main(argv: list[str] | None = None) -> int:
             again_s <= 15,
         ),
         row("  of which dbt build (models + tests)", round(again_steps.get("dbt", 0.0), 1), "s"),
+        row(
+            f"incremental pass in a long-lived process (as --watch runs it; +{ll_rows:,} events)",
+            round(ll_s, 1),
+            "s",
+            "<= 15",
+            ll_s <= 15,
+        ),
+        row("  of which dbt build (models + tests)", round(ll_steps.get("dbt", 0.0), 1), "s"),
     ]
     write_result("pipeline", rows)
     return 0  # a difference is reported as a failed goal, with the other figures
