@@ -11,17 +11,16 @@ rebuild, timed; the baseline (bench/baseline.sql), timed, and its outputs checke
 marts; 100k new events landed and the incremental pass timed, then another 100k and the next
 pass (the first runs with the page cache the baseline's memory emptied), then a third 100k timed
 in a process that ran a pass before (as `mallard pipeline run --watch` runs passes, without the
-process start and most of dbt's start-up that each `mallard pipeline run` pays). The lake is left for
-the read API and freshness scenarios. --increment-only: on the lake a previous run left (built
-when missing), only 100k new events and the pass, timed alike, with dbt's slowest nodes;
-prints, writes no result (for A/B runs of the models without rebuilding the lake).
+process start and most of dbt's start-up that each `mallard pipeline run` pays). The lake is
+left for the read API and freshness scenarios. --increment-only: on the lake a previous run
+left (built when missing), only 100k new events and the pass, timed alike, with dbt's slowest
+nodes; prints, writes no result (for A/B runs of the models without rebuilding the lake).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -55,7 +54,11 @@ def step_seconds(data_dir: Path) -> dict[str, float]:
 def timed_run(
     run: Callable[[], float], data_dir: Path, label: str
 ) -> tuple[float, dict[str, float]]:
-    wall = run()
+    return report_run(run(), data_dir, label)
+
+
+def report_run(wall: float, data_dir: Path, label: str) -> tuple[float, dict[str, float]]:
+    """Print a timed pass with its steps (from the Dagster instance); returns both."""
     steps = step_seconds(data_dir)
     parts = ", ".join(f"{k} {v:.1f} s" for k, v in steps.items())
     print(f"{label:<28} {wall:8.1f} s   ({parts})", flush=True)
@@ -81,11 +84,9 @@ print("pass", time.perf_counter() - t0, ok, flush=True)
 def long_lived_pass(lake: Lake, increment: int) -> tuple[int, float, dict[str, float]]:
     """Land `increment` events while a process that already ran a pass waits, then time its
     next pass. Returns (rows landed, seconds, seconds per step)."""
-    env = {**os.environ, "MALLARD_DATA_DIR": str(lake.data_dir)}
     with subprocess.Popen(
         [sys.executable, "-c", _LONG_LIVED, str(lake.data_dir)],
         cwd=REPO,
-        env=env,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -102,10 +103,7 @@ def long_lived_pass(lake: Lake, increment: int) -> tuple[int, float, dict[str, f
         result = [line.split() for line in proc.stdout if line.startswith("pass ")]
         if proc.wait() != 0 or not result or result[-1][2] != "True":
             raise AssertionError(f"the long-lived pass failed ({proc.returncode}): {result}")
-    secs = float(result[-1][1])
-    steps = step_seconds(lake.data_dir)
-    parts = ", ".join(f"{k} {v:.1f} s" for k, v in steps.items())
-    print(f"{'long-lived (+' + f'{rows:,})':<28} {secs:8.1f} s   ({parts})", flush=True)
+    secs, steps = report_run(float(result[-1][1]), lake.data_dir, f"long-lived (+{rows:,})")
     return rows, secs, steps
 
 
