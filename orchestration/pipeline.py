@@ -15,6 +15,7 @@ import dagster as dg
 
 from mallard.paths import DataPaths
 from orchestration.dbt_results import DbtTally, read_tally
+from orchestration.maintenance import needs_compaction
 
 
 @dataclass(frozen=True)
@@ -41,15 +42,22 @@ def run_pipeline(data_dir: Path) -> list[StepResult]:
     started = datetime.now(UTC)
     log = data_paths().run_dir / "pipeline.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    # dbt's own progress lines go to a log file; the CLI prints one line per step.
+    # dbt's own progress lines go to a log file and the console is quiet: the CLI prints one
+    # line per step; the UI keeps the full log.
+    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
     with dg.DagsterInstance.get() as instance, open(log, "a") as out, redirect_stdout(out):
-        result = job.execute_in_process(
-            instance=instance,
-            raise_on_error=False,
-            # Quiet console: the CLI prints one line per step; the UI keeps the full log.
-            run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
-        )
-    return with_dbt_tally(summarize(result), read_tally(data_paths().dbt_target, started))
+        result = job.execute_in_process(instance=instance, raise_on_error=False, run_config=quiet)
+        steps = with_dbt_tally(summarize(result), read_tally(data_paths().dbt_target, started))
+        # What the fragmentation sensor does after the daemon's runs, done here after this one
+        # (recorded as a run of the compaction job): the next pass reads fewer files.
+        if result.success and needs_compaction(data_paths()):
+            compacted = defs.resolve_job_def("compaction").execute_in_process(
+                instance=instance, raise_on_error=False, run_config=quiet
+            )
+            steps += failed_steps(compacted) or [
+                StepResult("compact", True, compacted.output_for_node("compact_fragmented_tables"))
+            ]
+    return steps
 
 
 def with_dbt_tally(steps: list[StepResult], dbt: DbtTally | None) -> list[StepResult]:
@@ -80,13 +88,10 @@ def summarize(result: dg.ExecuteInProcessResult) -> list[StepResult]:
     ]
     checks = [e for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
     failed_checks = [e for e in checks if not e.event_specific_data.passed]  # type: ignore[union-attr]
-    failures = [e for e in result.all_events if e.is_step_failure]
-    for f in failures:
-        err = f.step_failure_data.error  # type: ignore[union-attr]
-        msg = err.message.strip().splitlines()[-1] if err else "failed"
-        steps.append(StepResult(f.step_key or "step", False, msg))
+    failures = failed_steps(result)
+    steps += failures
     if models or checks:
-        ok = not failed_checks and not any("dbt" in (f.step_key or "") for f in failures)
+        ok = not failed_checks and not any("dbt" in f.name for f in failures)
         steps.append(
             StepResult(
                 "dbt build",
@@ -97,6 +102,17 @@ def summarize(result: dg.ExecuteInProcessResult) -> list[StepResult]:
         )
     if not steps:
         steps.append(StepResult("pipeline", result.success, "nothing ran"))
+    return steps
+
+
+def failed_steps(result: dg.ExecuteInProcessResult) -> list[StepResult]:
+    """One line per failed step: its error's last line."""
+    steps = []
+    for f in result.all_events:
+        if f.is_step_failure:
+            err = f.step_failure_data.error  # type: ignore[union-attr]
+            msg = err.message.strip().splitlines()[-1] if err else "failed"
+            steps.append(StepResult(f.step_key or "step", False, msg))
     return steps
 
 

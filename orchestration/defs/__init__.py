@@ -7,7 +7,12 @@ import dagster as dg
 from orchestration.context import data_paths, ensure_dagster_home
 from orchestration.defs.dbt import build_dbt_assets
 from orchestration.defs.ingest import backstop_schedule, new_files_sensor, raw_messages
-from orchestration.defs.maintenance import maintenance, maintenance_schedule
+from orchestration.defs.maintenance import (
+    compaction,
+    fragmentation_sensor,
+    maintenance,
+    maintenance_schedule,
+)
 
 
 def build_definitions() -> dg.Definitions:
@@ -21,8 +26,8 @@ def build_definitions() -> dg.Definitions:
     )
     return dg.Definitions(
         assets=[raw_messages, dbt_models],
-        jobs=[pipeline, maintenance],
-        sensors=[new_files_sensor(pipeline.name)],
+        jobs=[pipeline, maintenance, compaction],
+        sensors=[new_files_sensor(pipeline.name), fragmentation_sensor],
         schedules=[backstop_schedule(pipeline.name), maintenance_schedule],
         resources={"dbt": dbt_resource},
     )

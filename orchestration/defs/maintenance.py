@@ -1,10 +1,12 @@
-"""The maintenance job (compaction, snapshot expiry, file cleanup) and its nightly schedule."""
+"""Maintenance jobs: compaction of fragmented tables after passes (sensor), and the nightly
+maintenance (compaction of every table, snapshot expiry, file cleanup) on a schedule."""
 # No `from __future__ import annotations`: Dagster reads the context type hints at runtime.
 
 import dagster as dg
 
 from orchestration.context import data_paths, yield_cpu_to_readers
-from orchestration.maintenance import maintain
+from orchestration.defs.ingest import ACTIVE_RUN_STATUSES
+from orchestration.maintenance import compact_fragmented, maintain, needs_compaction
 
 
 @dg.op(description="Rewrite files riddled with deletes, merge small files, expire snapshots.")
@@ -26,3 +28,36 @@ maintenance_schedule = dg.ScheduleDefinition(
     default_status=dg.DefaultScheduleStatus.RUNNING,
     description="Nightly, when traffic is lowest; it waits for a running dbt build to finish.",
 )
+
+
+@dg.op(description="Compact the tables incremental passes fragmented past the threshold.")
+def compact_fragmented_tables(context: dg.OpExecutionContext) -> str:
+    yield_cpu_to_readers()
+    result = compact_fragmented(data_paths())
+    context.log.info(result.summary)
+    return result.summary
+
+
+@dg.job(description="Compact only the tables passes have fragmented (MALLARD_COMPACT_AT_FILES).")
+def compaction() -> None:
+    compact_fragmented_tables()
+
+
+@dg.sensor(
+    job=compaction,
+    minimum_interval_seconds=30,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Starts a compaction when a table has MALLARD_COMPACT_AT_FILES fragments.",
+)
+def fragmentation_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+    tables = needs_compaction(data_paths())
+    if not tables:
+        return dg.SensorResult(skip_reason="no table fragmented")
+    active = context.instance.get_runs(
+        filters=dg.RunsFilter(job_name=compaction.name, statuses=ACTIVE_RUN_STATUSES), limit=1
+    )
+    if active:
+        return dg.SensorResult(skip_reason=f"compaction {active[0].run_id} still in progress")
+    names = ", ".join(f"{schema}.{table} ({files} files)" for schema, table, files in tables)
+    context.log.info(f"fragmented: {names}")
+    return dg.SensorResult(run_requests=[dg.RunRequest()])

@@ -1,5 +1,5 @@
 """Maintenance after incremental passes: fewer files, no delete files, same rows, old snapshots
-and their files gone."""
+and their files gone; compaction of the tables passes fragmented, started by a sensor."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import dagster as dg
 import pytest
 
 from mallard.paths import DataPaths
+from mallard.settings import get_settings
 from mallard.warehouse import connect
-from orchestration.defs.maintenance import maintenance
-from orchestration.maintenance import maintain
+from orchestration.defs.maintenance import compaction, fragmentation_sensor, maintenance
+from orchestration.maintenance import compact_fragmented, maintain, needs_compaction
 from orchestration.warehouse import ensure_warehouse
 
 
@@ -96,3 +97,81 @@ def test_the_maintenance_job_runs_in_dagster(
         logs = [e.user_message for e in instance.all_logs(result.run_id)]
     assert any("snapshots expired" in m for m in logs), "the job reports what it did"
     assert (os.nice(0), os.sched_getscheduler(0)) == priority
+
+
+def _fragment(paths: DataPaths, table: str, passes: int) -> None:
+    """A table as incremental passes leave it: each pass deletes a 13th of the customers' rows
+    and inserts their new rows as a new small file (no file loses every row in 12 passes)."""
+    conn = connect(paths)
+    try:
+        conn.execute(
+            f"create table lake.intermediate.{table} as"
+            " select i as event_id, i % 100 as customer_id from range(5000) t(i)"
+        )
+        for p in range(passes):
+            conn.execute("begin")
+            conn.execute(f"delete from lake.intermediate.{table} where customer_id % 13 = {p % 13}")
+            conn.execute(
+                f"insert into lake.intermediate.{table}"
+                f" select i, i % 100 from range(5000) t(i) where i % 100 % 13 = {p % 13}"
+            )
+            conn.execute("commit")
+    finally:
+        conn.close()
+
+
+def _rows(paths: DataPaths, table: str) -> list[tuple[int, int]]:
+    conn = connect(paths, read_only=True)
+    try:
+        rows = conn.execute(f"select * from lake.intermediate.{table} order by all").fetchall()
+        return [(int(a), int(b)) for a, b in rows]
+    finally:
+        conn.close()
+
+
+def test_compaction_takes_only_the_fragmented_tables(tmp_path: Path) -> None:
+    paths = DataPaths(tmp_path)
+    ensure_warehouse(paths)
+    _fragment(paths, "churned", passes=8)
+    _fragment(paths, "calm", passes=1)
+    churned, calm = _rows(paths, "churned"), _rows(paths, "calm")
+
+    fragmented = needs_compaction(paths, at=6)
+    assert [(s, t) for s, t, _ in fragmented] == [("intermediate", "churned")]
+    assert fragmented[0][2] >= 6
+    assert needs_compaction(paths, at=0) == [], "0 turns compaction after passes off"
+
+    result = compact_fragmented(paths, at=6)
+
+    assert [t for _, t, _ in result.tables] == ["churned"]
+    assert result.files_after < result.files_before
+    assert "intermediate.churned" in result.summary
+    assert needs_compaction(paths, at=2) == [], "what compaction can fix is fixed"
+    assert _rows(paths, "churned") == churned and _rows(paths, "calm") == calm
+    assert compact_fragmented(paths, at=6).summary == "no table fragmented"
+
+
+def test_the_fragmentation_sensor_requests_a_compaction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MALLARD_DATA_DIR", str(tmp_path))
+    paths = DataPaths(tmp_path)
+    ensure_warehouse(paths)
+    with dg.DagsterInstance.ephemeral() as instance:
+        quiet = fragmentation_sensor(dg.build_sensor_context(instance=instance))
+        assert not quiet.run_requests and quiet.skip_reason  # type: ignore[union-attr]
+
+        _fragment(paths, "churned", passes=get_settings().compact_at_files + 2)
+        asked = fragmentation_sensor(dg.build_sensor_context(instance=instance))
+        assert len(asked.run_requests or []) == 1  # type: ignore[union-attr]
+
+        runs: list[dg.ExecuteInProcessResult] = []
+        worker = threading.Thread(  # off the main thread, as in the maintenance job's test
+            target=lambda: runs.append(compaction.execute_in_process(instance=instance))
+        )
+        worker.start()
+        worker.join()
+        assert runs[0].success
+        assert "intermediate.churned" in runs[0].output_for_node("compact_fragmented_tables")
+        after = fragmentation_sensor(dg.build_sensor_context(instance=instance))
+        assert not after.run_requests  # type: ignore[union-attr]
