@@ -3,6 +3,7 @@ hand-written DuckDB script doing the same derivations over the same Parquet, in 
 
     python -m bench.pipeline [--full] [--events N] [--customers N] [--seed S]
     python -m bench.pipeline --full --increment-only
+    python -m bench.pipeline --full --steady 12
 
 Quick: 1M events (100k customers); full: 10M events (1M customers). Steps: a fresh `mallard
 init` data dir; one pipeline run on the empty lake (dbt parses its manifest, as on any installed
@@ -15,6 +16,8 @@ process start and most of dbt's start-up that each `mallard pipeline run` pays).
 left for the read API and freshness scenarios. --increment-only: on the lake a previous run
 left (built when missing), only 100k new events and the pass, timed alike, with dbt's slowest
 nodes; prints, writes no result (for A/B runs of the models without rebuilding the lake).
+--steady N: on that lake, N passes of 100k in one long-lived process, with the compaction that
+follows fragmentation; prints each pass and the median and mean, writes no result.
 """
 
 from __future__ import annotations
@@ -65,25 +68,33 @@ def report_run(wall: float, data_dir: Path, label: str) -> tuple[float, dict[str
     return wall, steps
 
 
-# A pass as a `mallard pipeline run --watch` process runs it: in a process that ran a pass
-# before, so Dagster, dbt and the project are imported and parsed already.
+# Passes as a `mallard pipeline run --watch` process runs them: in a process that ran a pass
+# before, so Dagster, dbt and the project are imported and parsed already. One pass per line on
+# stdin; each prints its seconds (compaction after it included) and the compaction's seconds.
 _LONG_LIVED = """
-import sys, time
+import re, sys, time
 from pathlib import Path
 from orchestration.pipeline import run_pipeline
 data_dir = Path(sys.argv[1])
 run_pipeline(data_dir)
 print("ready", flush=True)
-sys.stdin.readline()
-t0 = time.perf_counter()
-ok = all(step.ok for step in run_pipeline(data_dir))
-print("pass", time.perf_counter() - t0, ok, flush=True)
+for _ in sys.stdin:
+    t0 = time.perf_counter()
+    steps = run_pipeline(data_dir)
+    secs = time.perf_counter() - t0
+    compact = [re.search(r"in ([0-9.]+) s$", s.summary) for s in steps if s.name == "compact"]
+    compact_s = sum(float(m[1]) for m in compact if m)
+    print("pass", secs, all(s.ok for s in steps), compact_s, flush=True)
 """
 
 
-def long_lived_pass(lake: Lake, increment: int) -> tuple[int, float, dict[str, float]]:
-    """Land `increment` events while a process that already ran a pass waits, then time its
-    next pass. Returns (rows landed, seconds, seconds per step)."""
+def long_lived_passes(
+    lake: Lake, increment: int, passes: int = 1
+) -> list[tuple[int, float, float]]:
+    """Before each of `passes` passes, land `increment` events while a process that already ran
+    a pass waits, then time its next pass. Returns (rows landed, seconds, of which compaction)
+    per pass."""
+    out = []
     with subprocess.Popen(
         [sys.executable, "-c", _LONG_LIVED, str(lake.data_dir)],
         cwd=REPO,
@@ -97,14 +108,44 @@ def long_lived_pass(lake: Lake, increment: int) -> tuple[int, float, dict[str, f
                 break
         else:
             raise AssertionError(f"the long-lived pass process exited ({proc.wait()})")
-        rows = lake.land_more(increment)
-        proc.stdin.write("\n")
-        proc.stdin.flush()
-        result = [line.split() for line in proc.stdout if line.startswith("pass ")]
-        if proc.wait() != 0 or not result or result[-1][2] != "True":
-            raise AssertionError(f"the long-lived pass failed ({proc.returncode}): {result}")
-    secs, steps = report_run(float(result[-1][1]), lake.data_dir, f"long-lived (+{rows:,})")
+        for _ in range(passes):
+            rows = lake.land_more(increment)
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            result = next((line.split() for line in proc.stdout if line.startswith("pass ")), [])
+            if not result or result[2] != "True":
+                raise AssertionError(f"a long-lived pass failed ({proc.poll()}): {result}")
+            out.append((rows, float(result[1]), float(result[3])))
+        proc.stdin.close()
+        if proc.wait() != 0:
+            raise AssertionError(f"the long-lived pass process exited with {proc.returncode}")
+    return out
+
+
+def long_lived_pass(lake: Lake, increment: int) -> tuple[int, float, dict[str, float]]:
+    """One pass timed in a process that ran a pass before: (rows landed, seconds, per step)."""
+    [(rows, secs, _)] = long_lived_passes(lake, increment)
+    secs, steps = report_run(secs, lake.data_dir, f"long-lived (+{rows:,})")
     return rows, secs, steps
+
+
+def steady(events: int, customers: int, seed: int, increment: int, passes: int) -> int:
+    """`passes` passes in one long-lived process on the lake a run left, each after `increment`
+    new events, with the compaction that follows fragmentation: what passes cost in operation,
+    not only the first ones after a build. Prints; writes no result."""
+    lake = ensure_lake(events, customers, seed)
+    timings = long_lived_passes(lake, increment, passes)
+    for i, (rows, secs, compact) in enumerate(timings, 1):
+        extra = f" (compaction after it {compact:.1f} s)" if compact else ""
+        print(f"pass {i:3d} (+{rows:,}) {secs:8.1f} s{extra}", flush=True)
+    without = sorted(secs - compact for _, secs, compact in timings)
+    total = sum(secs for _, secs, _ in timings)
+    print(
+        f"{passes} passes: median {without[len(without) // 2]:.1f} s, max {without[-1]:.1f} s"
+        f" without compaction; {total / passes:.1f} s a pass with it"
+        f" ({sum(c for *_, c in timings):.1f} s of compaction in all)"
+    )
+    return 0
 
 
 def increment_only(events: int, customers: int, seed: int, increment: int) -> int:
@@ -125,11 +166,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--customers", type=int, help="customers (default events / 10)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--increment-only", action="store_true")
+    p.add_argument(
+        "--steady", type=int, metavar="N", help="N long-lived passes on the lake a run left"
+    )
     args = p.parse_args(argv)
     events, customers = sizes(args.full, args.events, args.customers)
     increment = min(INCREMENT, max(1, events // 10))
     if args.increment_only:
         return increment_only(events, customers, args.seed, increment)
+    if args.steady:
+        return steady(events, customers, args.seed, increment, args.steady)
 
     lake = fresh_lake(events, customers, args.seed)
     print(f"lake: {lake.data_dir} ({events:,} events, {customers:,} customers)", flush=True)

@@ -415,6 +415,7 @@ class Built:
     arrivals: list[Arrival]
     slices: list[list[Arrival]]
     after_slice: list[dict[str, list[dict[str, Any]]]]  # marts after each slice's pass
+    compacted: list[str]  # the passes' lines of compaction after them
     full: dict[str, list[dict[str, Any]]]  # marts of one build over everything, fresh lake
 
 
