@@ -34,6 +34,14 @@ def raw_messages(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
     )
 
 
+def run_in_progress(context: dg.SensorEvaluationContext, job_name: str) -> str | None:
+    """Why a sensor requests no run of the job now: one is queued or running; None if none is."""
+    active = context.instance.get_runs(
+        filters=dg.RunsFilter(job_name=job_name, statuses=ACTIVE_RUN_STATUSES), limit=1
+    )
+    return f"{job_name} run {active[0].run_id} still in progress" if active else None
+
+
 def new_files_sensor(job_name: str) -> dg.SensorDefinition:
     @dg.sensor(
         job_name=job_name,
@@ -47,11 +55,8 @@ def new_files_sensor(job_name: str) -> dg.SensorDefinition:
             return dg.SensorResult(skip_reason="no new landing files")
         # One pass loads every file landed so far: while one is queued or running, more
         # requests would only queue up behind it (measured: 5 runs deep, p50 freshness 198 s).
-        active = context.instance.get_runs(
-            filters=dg.RunsFilter(job_name=job_name, statuses=ACTIVE_RUN_STATUSES), limit=1
-        )
-        if active:
-            return dg.SensorResult(skip_reason=f"run {active[0].run_id} still in progress")
+        if busy := run_in_progress(context, job_name):
+            return dg.SensorResult(skip_reason=busy)
         return dg.SensorResult(run_requests=[dg.RunRequest(run_key=mark)], cursor=mark)
 
     return landing_files_sensor

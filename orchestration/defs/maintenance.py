@@ -5,7 +5,7 @@ maintenance (compaction of every table, snapshot expiry, file cleanup) on a sche
 import dagster as dg
 
 from orchestration.context import data_paths, yield_cpu_to_readers
-from orchestration.defs.ingest import ACTIVE_RUN_STATUSES
+from orchestration.defs.ingest import run_in_progress
 from orchestration.maintenance import compact_fragmented, maintain, needs_compaction
 
 
@@ -53,11 +53,8 @@ def fragmentation_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult
     tables = needs_compaction(data_paths())
     if not tables:
         return dg.SensorResult(skip_reason="no table fragmented")
-    active = context.instance.get_runs(
-        filters=dg.RunsFilter(job_name=compaction.name, statuses=ACTIVE_RUN_STATUSES), limit=1
-    )
-    if active:
-        return dg.SensorResult(skip_reason=f"compaction {active[0].run_id} still in progress")
+    if busy := run_in_progress(context, compaction.name):
+        return dg.SensorResult(skip_reason=busy)
     names = ", ".join(f"{schema}.{table} ({files} files)" for schema, table, files in tables)
     context.log.info(f"fragmented: {names}")
     return dg.SensorResult(run_requests=[dg.RunRequest()])
