@@ -14,6 +14,9 @@ and the lake only grows. Two entry points, both under the build lock, so never d
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import sqlite3
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -49,13 +52,19 @@ class MaintenanceResult:
     files_after: int
     snapshots_expired: int
     files_deleted: int
+    stats_completed: int = 0  # (file, column) min/max DuckLake left out (_complete_stats)
 
     @property
     def summary(self) -> str:
         return (
             f"data files {self.files_before} -> {self.files_after}, "
             f"{self.snapshots_expired} snapshots expired, {self.files_deleted} files deleted"
+            + _completed(self.stats_completed)
         )
+
+
+def _completed(stats: int) -> str:
+    return f", {stats} column stats completed" if stats else ""
 
 
 _LIVE_FILES = """
@@ -95,13 +104,112 @@ def _live_files(conn: duckdb.DuckDBPyConnection) -> int:
     return int(row[0]) if row else 0
 
 
-def _compact_table(conn: duckdb.DuckDBPyConnection, schema: str, table: str) -> None:
-    """Rewrite the table's files with many deletes into new files, then merge small ones."""
+# The columns of the table's live files for which DuckLake recorded no min/max although they hold
+# values: DuckLake (1.5.5) records none for a file when one of its row groups is all null in that
+# column, then prunes the file from `where col = ...` once another file of the table has stats,
+# and rows go missing from answers. Compaction makes such files: rewriting a few big files with
+# deletes and many tiny ones (a pass's file of 1-30 customers) into one puts the tiny ones'
+# rows in a last row group of their own, and when none of them has, say, an anonymous_id,
+# `where anonymous_id = ...` found none of the file's 1.7M customers (10M bench lake, a --watch
+# run; the marts' test ducklake_stats_complete failed every pass after).
+_INCOMPLETE_STATS = """
+    select t.table_id, c.column_id, c.column_name, c.column_type, f.data_file_id, f.path
+    from lake.ducklake_data_file as f
+    join lake.ducklake_table as t using (table_id)
+    join lake.ducklake_schema as s using (schema_id)
+    join lake.ducklake_file_column_stats as st on st.data_file_id = f.data_file_id
+    join lake.ducklake_column as c on c.table_id = st.table_id and c.column_id = st.column_id
+    where f.end_snapshot is null and t.end_snapshot is null and s.end_snapshot is null
+        and c.end_snapshot is null and s.schema_name = ? and t.table_name = ?
+        and st.min_value is null and st.value_count > 0
+    order by c.column_id, f.data_file_id
+"""
+
+# How DuckLake writes a min/max of these types into its catalog (as DuckDB casts them to text in
+# UTC; booleans as 0/1). Other types' stats are left to the data test to report.
+_STATS_TEXT = {
+    "varchar": "{}::varchar",
+    "json": "{}::varchar",
+    "boolean": "{}::integer::varchar",
+    "int8": "{}::varchar",
+    "int16": "{}::varchar",
+    "int32": "{}::varchar",
+    "int64": "{}::varchar",
+    "timestamptz": "{}::varchar",
+    "timestamp": "{}::varchar",
+    "date": "{}::varchar",
+}
+
+
+def _min_max(
+    conn: duckdb.DuckDBPyConnection, column: str, column_type: str, source: str, params: list
+) -> tuple[str, str] | None:
+    text = _STATS_TEXT[column_type]
+    col = '"' + column.replace('"', '""') + '"'
+    row = conn.execute(
+        f"select {text.format(f'min({col})')}, {text.format(f'max({col})')} from {source}", params
+    ).fetchone()
+    return (str(row[0]), str(row[1])) if row and row[0] is not None else None
+
+
+def _complete_stats(
+    conn: duckdb.DuckDBPyConnection, paths: DataPaths, schema: str, table: str
+) -> int:
+    """Record the min/max DuckLake left out for the table's files (see _INCOMPLETE_STATS), read
+    from the files themselves, and the table's min/max of those columns, read from the table
+    (DuckLake plans from those too: with none it answered `where col = ...` with no rows at all).
+    Returns how many (file, column) stats it completed."""
+    missing = conn.execute(_metadata(_INCOMPLETE_STATS), [schema, table]).fetchall()
+    if not missing:
+        return 0
+    conn.execute("set TimeZone = 'UTC'")
+    files = [
+        str(f)
+        for (f,) in conn.execute(
+            "select data_file from ducklake_list_files('lake', ?, schema => ?)", [table, schema]
+        ).fetchall()
+    ]
+    whole = f'lake."{schema}"."{table}"'
+    in_files, in_table = [], []
+    for (table_id, column_id, column, column_type), rows in itertools.groupby(
+        missing, key=lambda r: (r[0], r[1], str(r[2]), str(r[3]))
+    ):
+        if column_type not in _STATS_TEXT:
+            continue
+        for *_, file_id, name in rows:
+            path = next((f for f in files if f.endswith("/" + str(name))), None)
+            found = path and _min_max(conn, column, column_type, "read_parquet(?)", [path])
+            if found:
+                in_files.append((*found, file_id, column_id))
+        found = _min_max(conn, column, column_type, whole, [])
+        if found:
+            in_table.append((*found, table_id, column_id))
+    with contextlib.closing(sqlite3.connect(paths.lake_catalog, timeout=60)) as catalog:
+        catalog.executemany(
+            "update ducklake_file_column_stats set min_value = ?, max_value = ?"
+            " where data_file_id = ? and column_id = ? and min_value is null",
+            in_files,
+        )
+        catalog.executemany(
+            "update ducklake_table_column_stats set min_value = ?, max_value = ?"
+            " where table_id = ? and column_id = ?",
+            in_table,
+        )
+        catalog.commit()
+    return len(in_files)
+
+
+def _compact_table(
+    conn: duckdb.DuckDBPyConnection, paths: DataPaths, schema: str, table: str
+) -> int:
+    """Rewrite the table's files with deletes into new files, merge small ones, then complete
+    the stats that left out; returns how many (file, column) stats it completed."""
     conn.execute(
         "call ducklake_rewrite_data_files('lake', ?, schema => ?, delete_threshold => ?)",
         [table, schema, REWRITE_DELETE_THRESHOLD],
     )
     conn.execute("call ducklake_merge_adjacent_files('lake', ?, schema => ?)", [table, schema])
+    return _complete_stats(conn, paths, schema, table)
 
 
 def fragmented_tables(conn: duckdb.DuckDBPyConnection, at: int) -> list[tuple[str, str, int]]:
@@ -133,6 +241,7 @@ class CompactionResult:
     files_before: int
     files_after: int
     seconds: float
+    stats_completed: int = 0  # (file, column) min/max DuckLake left out (_complete_stats)
 
     @property
     def summary(self) -> str:
@@ -141,7 +250,8 @@ class CompactionResult:
         names = ", ".join(f"{s}.{t} ({n})" for s, t, n in self.tables)
         return (
             f"compacted {names}: data files {self.files_before} -> {self.files_after}"
-            f" in {self.seconds:.1f} s"
+            + _completed(self.stats_completed)
+            + f" in {self.seconds:.1f} s"
         )
 
 
@@ -159,10 +269,10 @@ def compact_fragmented(paths: DataPaths, at: int | None = None) -> CompactionRes
             if not tables:
                 return CompactionResult([], 0, 0, time.perf_counter() - started)
             before = _live_files(conn)
-            for schema, table, _ in tables:
-                _compact_table(conn, schema, table)
+            completed = sum(_compact_table(conn, paths, s, t) for s, t, _ in tables)
             after = _live_files(conn)
-            return CompactionResult(tables, before, after, time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            return CompactionResult(tables, before, after, seconds, completed)
         finally:
             conn.close()
 
@@ -177,8 +287,7 @@ def maintain(paths: DataPaths, retention: timedelta = SNAPSHOT_RETENTION) -> Mai
                 " where database_name = 'lake' and schema_name in ?",
                 [list(SCHEMAS)],
             ).fetchall()
-            for schema, table in tables:
-                _compact_table(conn, schema, table)
+            completed = sum(_compact_table(conn, paths, schema, table) for schema, table in tables)
             after = _live_files(conn)
             cutoff = f"now() - interval '{int(retention.total_seconds())} seconds'"
             expired = conn.execute(
@@ -187,6 +296,6 @@ def maintain(paths: DataPaths, retention: timedelta = SNAPSHOT_RETENTION) -> Mai
             deleted = conn.execute(
                 f"call ducklake_cleanup_old_files('lake', older_than => {cutoff})"
             ).fetchall()
-            return MaintenanceResult(before, after, len(expired), len(deleted))
+            return MaintenanceResult(before, after, len(expired), len(deleted), completed)
         finally:
             conn.close()

@@ -177,3 +177,48 @@ def test_the_fragmentation_sensor_requests_a_compaction(
         assert "intermediate.churned" in runs[0].output_for_node("compact_fragmented_tables")
         after = fragmentation_sensor(dg.build_sensor_context(instance=instance))
         assert not after.run_requests  # type: ignore[union-attr]
+
+
+def test_compacted_files_keep_every_row_findable_by_value(tmp_path: Path) -> None:
+    """Two big files with deletes and 30 tiny ones (passes of a customer or two, none with an
+    anonymous_id) rewritten into one: the tiny ones' rows make a last row group of their own,
+    all null, and DuckLake (1.5.5) then records no min/max for the file's anonymous_id and
+    answered `where anonymous_id = ...` with no rows. Compaction records them from the data."""
+    paths = DataPaths(tmp_path)
+    ensure_warehouse(paths)
+    conn = connect(paths)
+    try:
+        for prefix in ("c", "d"):
+            conn.execute(
+                "create table if not exists lake.marts.visitors"
+                " (customer_id varchar, anonymous_id varchar)"
+            )
+            conn.execute(
+                f"insert into lake.marts.visitors select '{prefix}' || lpad(i::varchar, 6, '0'),"
+                f" '{prefix}a' || i from range(20000) t(i) order by 1"
+            )
+        conn.execute("delete from lake.marts.visitors where customer_id like '_001%'")
+        for k in range(30):
+            conn.execute(f"insert into lake.marts.visitors values ('p{k}', null), ('q{k}', null)")
+            conn.execute(f"delete from lake.marts.visitors where customer_id = 'q{k}'")
+    finally:
+        conn.close()
+
+    result = compact_fragmented(paths, at=2)
+
+    assert result.files_after == 1, result.summary
+    conn = connect(paths)
+    try:
+        conn.execute("insert into lake.marts.visitors values ('e0', 'zz')")  # a file with stats
+        found = conn.execute(
+            "select count(*) from lake.marts.visitors where anonymous_id in ('ca9000', 'da42')"
+        ).fetchone()
+        missing = conn.execute(
+            "select count(*) from __ducklake_metadata_lake.ducklake_file_column_stats"
+            " where min_value is null and value_count > 0"
+        ).fetchone()
+    finally:
+        conn.close()
+    assert found == (2,)
+    assert missing == (0,)
+    assert result.stats_completed == 1 and "1 column stats completed" in result.summary
