@@ -178,7 +178,10 @@ def _complete_stats(
             continue
         for *_, file_id, name in rows:
             path = next((f for f in files if f.endswith("/" + str(name))), None)
-            found = path and _min_max(conn, column, column_type, "read_parquet(?)", [path])
+            try:  # a file written before a rename has the column under its old name: left as is
+                found = path and _min_max(conn, column, column_type, "read_parquet(?)", [path])
+            except duckdb.BinderException:
+                found = None
             if found:
                 in_files.append((*found, file_id, column_id))
         found = _min_max(conn, column, column_type, whole, [])
