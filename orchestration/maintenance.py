@@ -206,7 +206,7 @@ def _compact_table(
     conn: duckdb.DuckDBPyConnection, paths: DataPaths, schema: str, table: str
 ) -> int:
     """Rewrite the table's files with deletes into new files, merge small ones, then complete
-    the stats that left out; returns how many (file, column) stats it completed."""
+    the column stats DuckLake left out; returns how many (file, column) stats it completed."""
     conn.execute(
         "call ducklake_rewrite_data_files('lake', ?, schema => ?, delete_threshold => ?)",
         [table, schema, REWRITE_DELETE_THRESHOLD],
