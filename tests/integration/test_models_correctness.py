@@ -334,7 +334,6 @@ MARTS = {
 STATE = (
     "int_customer_event_winners",
     "int_trait_latest",
-    "int_customer_identifiers",
 )
 
 
