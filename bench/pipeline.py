@@ -26,6 +26,7 @@ import argparse
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -148,6 +149,68 @@ def steady(events: int, customers: int, seed: int, increment: int, passes: int) 
     return 0
 
 
+def same_pass(events: int, customers: int, seed: int, increment: int, runs: int) -> int:
+    """Land `increment` events once, then time `runs` passes over them, each from the same lake
+    state: the catalog is restored before each (data files are immutable, so a restored catalog
+    is the whole state; the landing files are unloaded in it again). Compaction is held off.
+    What a change to the models buys, without the drift of a lake that moves on with every pass
+    and the host's variance between runs. Leaves the lake as the last pass left it, the files of
+    the other passes deleted. Prints; writes no result."""
+    import sqlite3
+    import statistics
+
+    from mallard.harness import mallard
+    from mallard.warehouse import connect
+
+    lake = ensure_lake(events, customers, seed)
+    rows = lake.land_more(increment)
+    catalog = lake.paths.lake_catalog
+    saved = lake.data_dir / "same-pass-catalog.sqlite"
+
+    def copy(src: Path, dst: Path) -> None:
+        # SQLite's backup: consistent with a catalog in WAL mode, unlike a file copy.
+        with sqlite3.connect(src) as a, sqlite3.connect(dst) as b:
+            a.backup(b)
+
+    copy(catalog, saved)
+    walls: list[float] = []
+    try:
+        for i in range(1, runs + 1):
+            copy(saved, catalog)
+            t0 = time.perf_counter()
+            mallard(
+                "pipeline",
+                "run",
+                data_dir=lake.data_dir,
+                timeout=7200,
+                env={"MALLARD_COMPACT_AT_FILES": str(10**9)},
+            )
+            wall = time.perf_counter() - t0
+            walls.append(wall)
+            steps = step_seconds(lake.data_dir)
+            results = json.loads((lake.paths.dbt_target / "run_results.json").read_text())
+            split: dict[str, float] = {}
+            for r in results["results"]:
+                kind = r["unique_id"].split(".")[0]
+                split[kind] = split.get(kind, 0.0) + r["execution_time"]
+            print(
+                f"pass {i} (+{rows:,}) {wall:8.1f} s   (load {steps.get('load', 0.0):.1f} s,"
+                f" dbt {steps.get('dbt', 0.0):.1f} s: models {split.get('model', 0.0):.1f} s,"
+                f" tests {split.get('test', 0.0):.1f} s, unit tests"
+                f" {split.get('unit_test', 0.0):.1f} s)",
+                flush=True,
+            )
+    finally:
+        saved.unlink(missing_ok=True)
+        conn = connect(lake.paths)
+        try:
+            conn.execute("call ducklake_delete_orphaned_files('lake', cleanup_all => true)")
+        finally:
+            conn.close()
+    print(f"{runs} passes over the same +{rows:,}: median {statistics.median(walls):.1f} s")
+    return 0
+
+
 def increment_only(events: int, customers: int, seed: int, increment: int) -> int:
     lake = ensure_lake(events, customers, seed)
     rows = lake.land_more(increment)
@@ -169,6 +232,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--steady", type=int, metavar="N", help="N long-lived passes on the lake a run left"
     )
+    p.add_argument(
+        "--same-pass",
+        type=int,
+        metavar="N",
+        help="N passes over the same new events from the same lake state (A/B of a change)",
+    )
     args = p.parse_args(argv)
     events, customers = sizes(args.full, args.events, args.customers)
     increment = min(INCREMENT, max(1, events // 10))
@@ -176,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         return increment_only(events, customers, args.seed, increment)
     if args.steady:
         return steady(events, customers, args.seed, increment, args.steady)
+    if args.same_pass:
+        return same_pass(events, customers, args.seed, increment, args.same_pass)
 
     lake = fresh_lake(events, customers, args.seed)
     print(f"lake: {lake.data_dir} ({events:,} events, {customers:,} customers)", flush=True)
