@@ -158,6 +158,7 @@ def same_pass(events: int, customers: int, seed: int, increment: int, runs: int)
     the other passes deleted. Prints; writes no result."""
     import sqlite3
     import statistics
+    from contextlib import closing
 
     from mallard.harness import mallard
     from mallard.warehouse import connect
@@ -169,7 +170,7 @@ def same_pass(events: int, customers: int, seed: int, increment: int, runs: int)
 
     def copy(src: Path, dst: Path) -> None:
         # SQLite's backup: consistent with a catalog in WAL mode, unlike a file copy.
-        with sqlite3.connect(src) as a, sqlite3.connect(dst) as b:
+        with closing(sqlite3.connect(src)) as a, closing(sqlite3.connect(dst)) as b:
             a.backup(b)
 
     copy(catalog, saved)
