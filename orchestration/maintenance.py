@@ -31,13 +31,15 @@ from orchestration.locks import build_lock
 # Snapshots are kept this long: time travel for analysts, and scrollIds, which pin the snapshot
 # of their first page (an older scroll is told to start again).
 SNAPSHOT_RETENTION = timedelta(days=1)
-# A data file is rewritten once more than this share of its rows is deleted. Low, because what a
-# pass pays for is the number of files with deletes, not their share: a pass's delete reads the
-# delete file of every data file it touches and writes it again, and a pass changes customers in
-# every file. At 10M messages, nine passes after a build (each per-customer table with ten files,
-# every one with deletes, 4-42% of their rows), the next pass's dbt took 26.6 s; after rewriting
-# every file with deletes of the nine per-customer tables (36 s), 20.8 s. At 0.2, five of the ten
-# files of each kept their deletes, so those tables never reached the threshold of fragments.
+# A data file is rewritten once more than this share of its rows is deleted. Low, because a pass's
+# delete reads the delete file of every data file it touches and writes it again with the new
+# positions, and a pass changes customers in every file: what it pays grows with the deleted rows
+# the files carry (docs/warehouse.md: 1.06-1.37 s for one delete with a big file 28% deleted,
+# 0.32-0.36 s once that file alone was rewritten). At 10M messages, nine passes after a build
+# (each per-customer table with ten files, every one with deletes, 4-42% of their rows), the
+# next pass's dbt took 26.6 s; after rewriting every file with deletes of the nine per-customer
+# tables (36 s), 20.8 s. At 0.2, five of the ten files of each kept their deletes, so those
+# tables never reached the threshold of fragments.
 REWRITE_DELETE_THRESHOLD = 0.01
 # The schemas dbt rewrites in place; raw only grows by whole landing files.
 SCHEMAS = ("intermediate", "marts")
