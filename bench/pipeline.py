@@ -149,13 +149,16 @@ def steady(events: int, customers: int, seed: int, increment: int, passes: int) 
     return 0
 
 
-def same_pass(events: int, customers: int, seed: int, increment: int, runs: int) -> int:
+def same_pass(
+    events: int, customers: int, seed: int, increment: int, runs: int, vary: str | None = None
+) -> int:
     """Land `increment` events once, then time `runs` passes over them, each from the same lake
     state: the catalog is restored before each (data files are immutable, so a restored catalog
     is the whole state; the landing files are unloaded in it again). Compaction is held off.
     What a change to the models buys, without the drift of a lake that moves on with every pass
     and the host's variance between runs. Leaves the lake as the last pass left it, the files of
-    the other passes deleted. Prints; writes no result."""
+    the other passes deleted. `vary` ("NAME=A,B"): the passes take turns with NAME=A, NAME=B, so
+    a setting is compared on the same state, interleaved. Prints; writes no result."""
     import sqlite3
     import statistics
     from contextlib import closing
@@ -174,20 +177,24 @@ def same_pass(events: int, customers: int, seed: int, increment: int, runs: int)
             a.backup(b)
 
     copy(catalog, saved)
-    walls: list[float] = []
+    name, _, values = (vary or "").partition("=")
+    variants = [{name: v} for v in values.split(",")] if vary else [{}]
+    walls: dict[str, list[float]] = {}
     try:
         for i in range(1, runs + 1):
             copy(saved, catalog)
+            variant = variants[(i - 1) % len(variants)]
+            label = " ".join(f"{k}={v}" for k, v in variant.items())
             t0 = time.perf_counter()
             mallard(
                 "pipeline",
                 "run",
                 data_dir=lake.data_dir,
                 timeout=7200,
-                env={"MALLARD_COMPACT_AT_FILES": str(10**9)},
+                env={"MALLARD_COMPACT_AT_FILES": str(10**9), **variant},
             )
             wall = time.perf_counter() - t0
-            walls.append(wall)
+            walls.setdefault(label, []).append(wall)
             steps = step_seconds(lake.data_dir)
             results = json.loads((lake.paths.dbt_target / "run_results.json").read_text())
             split: dict[str, float] = {}
@@ -198,7 +205,7 @@ def same_pass(events: int, customers: int, seed: int, increment: int, runs: int)
                 f"pass {i} (+{rows:,}) {wall:8.1f} s   (load {steps.get('load', 0.0):.1f} s,"
                 f" dbt {steps.get('dbt', 0.0):.1f} s: models {split.get('model', 0.0):.1f} s,"
                 f" tests {split.get('test', 0.0):.1f} s, unit tests"
-                f" {split.get('unit_test', 0.0):.1f} s)",
+                f" {split.get('unit_test', 0.0):.1f} s) {label}",
                 flush=True,
             )
     finally:
@@ -208,7 +215,11 @@ def same_pass(events: int, customers: int, seed: int, increment: int, runs: int)
             conn.execute("call ducklake_delete_orphaned_files('lake', cleanup_all => true)")
         finally:
             conn.close()
-    print(f"{runs} passes over the same +{rows:,}: median {statistics.median(walls):.1f} s")
+    for label, times in walls.items():
+        print(
+            f"{len(times)} passes over the same +{rows:,}{' with ' + label if label else ''}:"
+            f" median {statistics.median(times):.1f} s"
+        )
     return 0
 
 
@@ -239,6 +250,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="N passes over the same new events from the same lake state (A/B of a change)",
     )
+    p.add_argument(
+        "--vary",
+        metavar="NAME=A,B",
+        help="with --same-pass: the passes take turns with the environment variable NAME=A, NAME=B",
+    )
     args = p.parse_args(argv)
     events, customers = sizes(args.full, args.events, args.customers)
     increment = min(INCREMENT, max(1, events // 10))
@@ -247,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.steady:
         return steady(events, customers, args.seed, increment, args.steady)
     if args.same_pass:
-        return same_pass(events, customers, args.seed, increment, args.same_pass)
+        return same_pass(events, customers, args.seed, increment, args.same_pass, args.vary)
 
     lake = fresh_lake(events, customers, args.seed)
     print(f"lake: {lake.data_dir} ({events:,} events, {customers:,} customers)", flush=True)

@@ -51,6 +51,9 @@ class Settings:
     # Whether the pipeline runs dbt on a thread of its own process (orchestration/dbt_in_process.py)
     # rather than as a subprocess: each pass's models start seconds sooner.
     dbt_in_process: bool = True
+    # dbt's threads in a pass run in-process: models and tests side by side, one lake writer at
+    # a time (orchestration/lake_writes.py). A `dbt` subprocess always runs with one.
+    dbt_threads: int = 2
     # A table is compacted after a pass once it has this many files that compaction would
     # rewrite or merge (orchestration/maintenance.py); 0 leaves compaction to the nightly job.
     compact_at_files: int = 8
@@ -81,5 +84,6 @@ def get_settings() -> Settings:
         pipeline_idle=_env("PIPELINE_IDLE", "1") not in ("0", "false", "no"),
         pages_process=_env("PAGES_PROCESS", "1") not in ("0", "false", "no"),
         dbt_in_process=_env("DBT_IN_PROCESS", "1") not in ("0", "false", "no"),
+        dbt_threads=max(1, int(_env("DBT_THREADS", "2"))),
         compact_at_files=int(_env("COMPACT_AT_FILES", "8")),
     )

@@ -25,6 +25,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from orchestration.context import yield_cpu_to_readers
+from orchestration.lake_writes import serialised_lake_writes
 
 _END = b""
 # One cli() at a time swaps the module's subprocess (one build at a time holds the build lock).
@@ -83,7 +84,8 @@ class DbtThread:
         try:
             # This thread's priority is inherited by the DuckDB workers dbt starts on it.
             yield_cpu_to_readers()
-            self.returncode = _invoke(args, self.stdout.put)
+            with serialised_lake_writes():
+                self.returncode = _invoke(args, self.stdout.put)
         except BaseException as e:  # reported like dbt's own fatal errors, never lost
             self.stdout.put(_error_line(f"{type(e).__name__}: {e}"))
             self.returncode = 2

@@ -83,12 +83,13 @@ class DbtResource(DbtCliResource):
         return None
 
     def cli(self, args: Sequence[str], **kwargs: Any) -> DbtCliInvocation:  # type: ignore[override]
-        """dbt on a thread of this process, unless MALLARD_DBT_IN_PROCESS=0 (see
-        orchestration/dbt_in_process.py)."""
-        if not get_settings().dbt_in_process:
+        """dbt on a thread of this process with MALLARD_DBT_THREADS threads of its own, unless
+        MALLARD_DBT_IN_PROCESS=0 (see orchestration/dbt_in_process.py)."""
+        settings = get_settings()
+        if not settings.dbt_in_process:
             return super().cli(args, **kwargs)
         with in_process_dbt():
-            return super().cli(args, **kwargs)
+            return super().cli([*args, "--threads", str(settings.dbt_threads)], **kwargs)
 
 
 def build_dbt_assets() -> tuple[Any, DbtCliResource]:

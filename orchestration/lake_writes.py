@@ -1,0 +1,121 @@
+"""One writer of the lake at a time among dbt's threads, so dbt can run models side by side.
+
+DuckLake (1.5.5, build d8a1881e) keeps a SQLite read transaction on its catalog from a DuckDB
+transaction's first read of the lake until its commit, and SQLite refuses that read
+transaction's upgrade to a writer once another connection committed since, at once and without
+the busy timeout ("database is locked"; duckdb/ducklake#1309, retried upstream since
+ducklake#1420). Two dbt threads that write the lake at the same time therefore fail each other's
+commits. Reads never do: a statement that only reads the lake commits nothing to the catalog.
+
+So while dbt runs in this process (`orchestration/dbt_in_process.py`) with several threads:
+- a model's transaction holds `WRITER` from its BEGIN to its COMMIT or rollback, so its first read
+  of the catalog comes after the last writer's commit and no writer commits before it does;
+- a statement outside a transaction holds it while it runs, unless it only reads the lake (a
+  query, a temp table or a table of dbt's in-memory database built from the lake, a variable);
+- a data test's transaction (a query) holds nothing.
+What runs side by side is the rest: the models' builds into temp tables (most of a pass's
+statements), the data tests, and dbt's own work between statements.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+WRITER = threading.RLock()
+_held = threading.local()
+
+# Statements outside a transaction that write no lake table: queries, variables, and tables of
+# the connection's temp schema or of dbt's in-memory database (built from the lake or not).
+_LOCAL = re.compile(
+    r"""\s*(?:/\*.*?\*/\s*)*(?:
+        select\b | with\b | set\s+variable\b | describe\b | show\b
+      | create\s+(?:or\s+replace\s+)?temp(?:orary)?\s+table\b
+      | (?:create\s+(?:or\s+replace\s+)?table|insert\s+into|drop\s+table(?:\s+if\s+exists)?)
+        \s+(?:temp|memory)\.
+    )""",
+    re.IGNORECASE | re.VERBOSE | re.DOTALL,
+)
+
+
+def writes_lake(sql: str) -> bool:
+    """Whether a statement run outside a transaction may write the lake (unknown kinds do)."""
+    return _LOCAL.match(sql) is None
+
+
+def _depth() -> int:
+    return getattr(_held, "depth", 0)
+
+
+def _acquire() -> None:
+    WRITER.acquire()
+    _held.depth = _depth() + 1
+
+
+def _release_all() -> None:
+    """Give up what this thread holds (a transaction's lock, ended by commit or rollback)."""
+    while _depth():
+        _held.depth -= 1
+        WRITER.release()
+
+
+@contextmanager
+def serialised_lake_writes() -> Iterator[None]:
+    """Patch dbt-duckdb meanwhile so its threads write the lake one at a time (see above)."""
+    from dbt.adapters.duckdb.connections import DuckDBConnectionManager
+    from dbt.adapters.duckdb.environments.local import DuckDBCursorWrapper
+
+    real_begin: Callable[..., Any] = DuckDBConnectionManager.add_begin_query
+    real_commit: Callable[..., Any] = DuckDBConnectionManager.add_commit_query
+    real_rollback: Callable[..., Any] = DuckDBConnectionManager._rollback_handle
+    real_execute: Callable[..., Any] = DuckDBCursorWrapper.execute
+
+    def add_begin_query(self: Any) -> Any:
+        # A data test's transaction only reads: its node is a test.
+        if not str(self.get_thread_connection().name).startswith("test."):
+            _acquire()
+        try:
+            return real_begin(self)
+        except BaseException:
+            _release_all()
+            raise
+
+    def add_commit_query(self: Any) -> Any:
+        try:
+            return real_commit(self)
+        finally:
+            _release_all()
+
+    def rollback_handle(cls: Any, connection: Any) -> Any:
+        try:
+            return real_rollback(connection)
+        finally:
+            _release_all()
+
+    def execute(self: Any, sql: str, bindings: Any = None) -> Any:
+        if _depth() or not writes_lake(sql):
+            return real_execute(self, sql, bindings)
+        with WRITER:
+            return real_execute(self, sql, bindings)
+
+    patches = [
+        (DuckDBConnectionManager, "add_begin_query", add_begin_query),
+        (DuckDBConnectionManager, "add_commit_query", add_commit_query),
+        (DuckDBConnectionManager, "_rollback_handle", classmethod(rollback_handle)),
+        (DuckDBCursorWrapper, "execute", execute),
+    ]
+    # What each class defines itself (not what it inherits), to put back as it was.
+    saved = [(cls, name, vars(cls).get(name)) for cls, name, _ in patches]
+    for cls, name, new in patches:
+        setattr(cls, name, new)
+    try:
+        yield
+    finally:
+        for cls, name, old in saved:
+            if old is None:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, old)
