@@ -23,6 +23,9 @@ COMMENT = '/* {"app": "dbt", "node_id": "model.mallard.events"} */\n'
         'insert into temp.main."customer_profiles__merge" by name select 1',
         'drop table if exists memory.main."customer_event_objects__pending"',
         "describe lake.marts.events",
+        # A data test's transaction (a model's takes the lock before its BEGIN runs).
+        "BEGIN",
+        "COMMIT",
     ],
 )
 def test_reads_and_local_tables_take_no_lock(sql: str) -> None:
@@ -32,7 +35,6 @@ def test_reads_and_local_tables_take_no_lock(sql: str) -> None:
 @pytest.mark.parametrize(
     "sql",
     [
-        "BEGIN",
         "delete from lake.marts.events where true",
         COMMENT + 'insert into "lake"."marts"."events" select 1',
         'create table "lake"."marts"."regulation_state__dbt_tmp" as (select 1)',

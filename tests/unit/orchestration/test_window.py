@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
 from mallard.paths import DataPaths
 from mallard.warehouse import connect
+from orchestration.context import DBT_DIR, dbt_env
 from orchestration.load import load_new_files
 from orchestration.warehouse import ensure_warehouse
 from orchestration.window import (
@@ -93,10 +97,52 @@ def test_every_test_runs_again_only_when_the_project_changed(tmp_path: Path) -> 
 
     window = Window(T1, T2)
     assert dbt_build_args(window, True) == ["build", *window.dbt_args()]
-    light = dbt_build_args(window, False)
-    assert light[-4:] == [
-        "--exclude-resource-type",
-        "unit_test",
-        "--exclude",
-        "path:models/intermediate,resource_type:test path:models/staging,resource_type:test",
-    ]
+
+
+def test_other_passes_run_the_marts_data_tests_only(tmp_path: Path) -> None:
+    """What dbt itself selects with a pass's arguments (`dbt ls` on the project): the marts'
+    data tests, without the unit tests, the intermediate and staging models' tests, and the
+    tests tagged `definition`; with every test, all of them."""
+    paths = DataPaths(tmp_path)
+
+    def tests(full: bool) -> set[str]:
+        # A build's arguments after `build`: its selection (the window is in the environment).
+        args = dbt_build_args(Window(T1, T2), full)[1:]
+        out = subprocess.run(
+            [
+                str(Path(sys.executable).with_name("dbt")),
+                "ls",
+                "--resource-type",
+                "test",
+                "--resource-type",
+                "unit_test",
+                *args,
+                "--output",
+                "name",
+                "--quiet",
+                "--project-dir",
+                str(DBT_DIR),
+                "--profiles-dir",
+                str(DBT_DIR),
+                "--target-path",
+                str(tmp_path / "target"),
+                "--log-path",
+                str(tmp_path / "logs"),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+            env={**os.environ, **dbt_env(paths)},
+        )
+        return set(out.stdout.split())
+
+    every, light = tests(True), tests(False)
+    assert light < every
+    assert "unique_events_event_id" in light
+    assert "unique_customer_profiles_customer_id" in light
+    dropped = every - light
+    assert "accepted_values_customer_event_objects_end_of_history__first__last" in dropped
+    assert any(name.startswith("unique_int_") for name in dropped), dropped
+    assert not any(name.startswith(("unique_int_", "not_null_int_", "accepted_")) for name in light)
+    # Unit tests: only with every test.
+    assert any("event_action" in name for name in dropped), dropped
