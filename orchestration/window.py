@@ -96,9 +96,10 @@ FULL_TESTS_PASSED = "full_tests_passed"
 LIGHT_TESTS = [
     "--exclude-resource-type",
     "unit_test",
+    # One value, the selectors space-separated: dagster-dbt takes --exclude's first value only.
     "--exclude",
-    "path:models/intermediate,resource_type:test path:models/staging,resource_type:test",
-    "tag:definition,resource_type:test",
+    "path:models/intermediate,resource_type:test path:models/staging,resource_type:test"
+    " tag:definition,resource_type:test",
 ]
 
 

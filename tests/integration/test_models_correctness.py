@@ -331,20 +331,23 @@ MARTS = {
 # The per-customer state passes fold into, compared too: a row a pass leaves behind there (of a
 # customer rebuilt, or a key it no longer has) shows in no mart until a later pass folds it in.
 # Without `pass_through`, which says which pass wrote a row.
-STATE = (
-    "int_customer_event_winners",
-    "int_trait_latest",
-)
+STATE = {
+    "int_customer_event_winners": "*",
+    # Its winners as a set (list order is the aggregate's); email_changed_at says when a pass
+    # saw the email change, which a full build has not seen.
+    "int_customer_traits": "customer_id, traits, list_sort(latest) as latest, first_event_time,"
+    " first_received_at, first_message_id, first_campaign",
+}
 
 
 def read_marts(data_dir: Path) -> dict[str, list[dict[str, Any]]]:
     conn = connect(DataPaths(data_dir), read_only=True)
     try:
         out = {}
-        sources = {f"marts.{t}": cols for t, cols in MARTS.items()}
-        sources |= {f"intermediate.{t}": () for t in STATE}
-        for table, json_cols in sources.items():
-            cur = conn.execute(f"select * from lake.{table}")
+        sources = {f"marts.{t}": ("*", cols) for t, cols in MARTS.items()}
+        sources |= {f"intermediate.{t}": (select, ()) for t, select in STATE.items()}
+        for table, (select, json_cols) in sources.items():
+            cur = conn.execute(f"select {select} from lake.{table}")
             cols = [d[0] for d in cur.description]
             rows = [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
             for r in rows:

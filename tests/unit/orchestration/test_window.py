@@ -9,6 +9,8 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+from dagster_dbt.asset_utils import extract_runtime_selection_from_args
+
 from mallard.paths import DataPaths
 from mallard.warehouse import connect
 from orchestration.context import DBT_DIR, dbt_env
@@ -135,6 +137,14 @@ def test_other_passes_run_the_marts_data_tests_only(tmp_path: Path) -> None:
             env={**os.environ, **dbt_env(paths)},
         )
         return set(out.stdout.split())
+
+    # dagster-dbt pulls --exclude out of the arguments (its first value only) before dbt sees
+    # them: nothing of the selection may be left behind.
+    cleaned, _, excludes = extract_runtime_selection_from_args(
+        dbt_build_args(Window(T1, T2), False)
+    )
+    assert cleaned == ["build", "--exclude-resource-type", "unit_test"], cleaned
+    assert "tag:definition,resource_type:test" in excludes
 
     every, light = tests(True), tests(False)
     assert light < every
