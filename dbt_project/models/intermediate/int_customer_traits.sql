@@ -35,18 +35,19 @@ with candidates as (
     union all
     select
         customer_id,
-        winner.trait_key,
-        winner.trait_value,
-        winner.event_time,
-        winner.received_at,
-        winner.message_id
+        trait_key,
+        trait_value,
+        event_time,
+        received_at,
+        message_id
     from (
         select
             customer_id,
-            unnest(latest) as winner
+            -- A column per field of the winners' struct.
+            unnest(latest, recursive := true)  -- noqa: AL03
         from {{ this }}
         {{ where_stored_merged() }}
-    )
+    ) as stored_winners
     {%- endif %}
 ),
 
