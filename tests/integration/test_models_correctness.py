@@ -332,7 +332,6 @@ MARTS = {
 # customer rebuilt, or a key it no longer has) shows in no mart until a later pass folds it in.
 # Without `pass_through`, which says which pass wrote a row.
 STATE = {
-    "int_customer_event_winners": "*",
     # Its winners as a set (list order is the aggregate's); email_changed_at says when a pass
     # saw the email change, which a full build has not seen.
     "int_customer_traits": "customer_id, traits, list_sort(latest) as latest, first_event_time,"

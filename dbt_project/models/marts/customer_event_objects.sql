@@ -1,14 +1,18 @@
 -- One row per (customer, event action, end of history) of a served customer: the event object
--- (INTERFACE.md 2.9) of the customer's first or last event of that action, as
--- int_customer_event_winners names it. The `customers` view splices them into `metadata` as
--- firstEvent/lastEvent, keyed by event action.
--- A pass writes only the objects whose winner is among the messages it rewrote (a new winner, or
--- the old one written again), and every object of a rebuilt customer: at 10M messages, +100k
--- events, ~0.1M small rows instead of 94k customers' 5.3 KB metadata objects read, patched and
--- written again. A mart (row groups of 4,096 rows), sorted by customer: the view's lookup of one
--- customer reads a row group of each file, not the table. On a pass its rows are written in
--- customer_profiles' commit (`commit_with`): the view never combines a pass's objects with the
--- profiles of the pass before.
+-- (INTERFACE.md 2.9) of the customer's first or last event of that action by event time (ties:
+-- receipt, then eventId), with the keys it won by. The `customers` view splices them into
+-- `metadata` as firstEvent/lastEvent, keyed by event action.
+-- The mart is its own fold state: a pass compares the messages it rewrote with the stored
+-- winners of the actions they touch, and writes only the objects whose winner is among those
+-- messages (a new winner, or the old one written again), and every object of a rebuilt customer:
+-- at 10M messages, +100k events, ~0.1M small rows. (Until 2026-11-25 the winners were a table of
+-- their own, int_customer_event_winners, written for every touched action and read back here.)
+-- Like customer_profiles, it holds served customers only: a customer that stops being served
+-- loses its rows, and one served again must be rebuilt (int_customers_changed.rebuild).
+-- A mart (row groups of 4,096 rows), sorted by customer: the view's lookup of one customer reads
+-- a row group of each file, not the table. On a pass its rows are written in customer_profiles'
+-- commit (`commit_with`): the view never combines a pass's objects with the profiles of the pass
+-- before.
 {{
     config(
         materialized='incremental_by_customer',
@@ -20,6 +24,8 @@
 
 with messages as (
     {{ merge_input(ref('int_messages_identified'), [
+        "customer_id",
+        "event_action",
         "account_id",
         "event_id",
         "customer_user_id",
@@ -32,10 +38,32 @@ with messages as (
     ]) }}
 ),
 
--- The winners this pass wrote: with `customer_key`, those of the actions its messages touch.
+-- The pass's messages, and the stored winners of the (customer, action) pairs they touch.
+candidates as (
+    select
+        customer_id,
+        event_action,
+        event_id,
+        event_time,
+        received_at
+    from messages
+    {{ union_stored_state([
+        "customer_id",
+        "event_action",
+        "event_id",
+        "event_time",
+        "received_at",
+    ], key='event_action', messages=ref('int_messages_identified')) }}
+),
+
 winners as (
-    select * from {{ ref('int_customer_event_winners') }}
-    {{ where_customer_changed(rewritten=true) }}
+    select
+        customer_id,
+        event_action,
+        arg_min(event_id, (event_time, received_at, event_id)) as first_event_id,
+        arg_max(event_id, (event_time, received_at, event_id)) as last_event_id
+    from candidates
+    group by customer_id, event_action
 ),
 
 regulations as (
@@ -64,6 +92,8 @@ final as (
         ends.event_action,
         ends.end_of_history,
         ends.event_id,
+        messages.event_time,
+        messages.received_at,
         -- Patched onto {} to drop null members at any depth, as the metadata object has them.
         json_merge_patch('{}', json_object(
             'eventId', messages.event_id,
@@ -79,7 +109,8 @@ final as (
         )) as event_object
     from ends
     -- Only the winners whose event the pass rewrote: the others' stored objects stay as they are.
-    inner join messages on ends.event_id = messages.event_id
+    inner join messages
+        on ends.customer_id = messages.customer_id and ends.event_id = messages.event_id
     anti join regulations
         on
             messages.account_id = regulations.account_id
