@@ -8,8 +8,8 @@ ducklake#1420). Two dbt threads that write the lake at the same time therefore f
 commits. Reads never do: a statement that only reads the lake commits nothing to the catalog.
 
 So while dbt runs in this process (`orchestration/dbt_in_process.py`) with several threads:
-- a model's transaction holds `WRITER` from its BEGIN to its COMMIT or rollback, so its first read
-  of the catalog comes after the last writer's commit and no writer commits before it does;
+- a model's transaction holds the writers' lock from its BEGIN to its COMMIT or rollback, so its
+  first read of the catalog comes after the last writer's commit and no writer commits before it;
 - a statement outside a transaction holds it while it runs, unless it only reads the lake (a
   query, a temp table or a table of dbt's in-memory database built from the lake, a variable);
 - a data test's transaction (a query) holds nothing.
@@ -24,9 +24,6 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
-
-WRITER = threading.RLock()
-_held = threading.local()
 
 # Statements outside a transaction that write no lake table: queries, variables, and tables of
 # the connection's temp schema or of dbt's in-memory database (built from the lake or not). And
@@ -49,20 +46,26 @@ def writes_lake(sql: str) -> bool:
     return _LOCAL.match(sql) is None
 
 
-def _depth() -> int:
-    return getattr(_held, "depth", 0)
+class _Writer:
+    """The lock, and how deep each thread holds it: one per dbt invocation, so a lock a failed
+    invocation left held cannot stop the next pass of a long-lived process."""
 
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self._held = threading.local()
 
-def _acquire() -> None:
-    WRITER.acquire()
-    _held.depth = _depth() + 1
+    def depth(self) -> int:
+        return getattr(self._held, "depth", 0)
 
+    def acquire(self) -> None:
+        self.lock.acquire()
+        self._held.depth = self.depth() + 1
 
-def _release_all() -> None:
-    """Give up what this thread holds (a transaction's lock, ended by commit or rollback)."""
-    while _depth():
-        _held.depth -= 1
-        WRITER.release()
+    def release_all(self) -> None:
+        """Give up what this thread holds (a transaction's lock, ended by commit or rollback)."""
+        while self.depth():
+            self._held.depth -= 1
+            self.lock.release()
 
 
 @contextmanager
@@ -75,33 +78,34 @@ def serialised_lake_writes() -> Iterator[None]:
     real_commit: Callable[..., Any] = DuckDBConnectionManager.add_commit_query
     real_rollback: Callable[..., Any] = DuckDBConnectionManager._rollback_handle
     real_execute: Callable[..., Any] = DuckDBCursorWrapper.execute
+    writer = _Writer()
 
     def add_begin_query(self: Any) -> Any:
         # A data test's transaction only reads: its node is a test.
         if not str(self.get_thread_connection().name).startswith("test."):
-            _acquire()
+            writer.acquire()
         try:
             return real_begin(self)
         except BaseException:
-            _release_all()
+            writer.release_all()
             raise
 
     def add_commit_query(self: Any) -> Any:
         try:
             return real_commit(self)
         finally:
-            _release_all()
+            writer.release_all()
 
     def rollback_handle(cls: Any, connection: Any) -> Any:
         try:
             return real_rollback(connection)
         finally:
-            _release_all()
+            writer.release_all()
 
     def execute(self: Any, sql: str, bindings: Any = None) -> Any:
-        if _depth() or not writes_lake(sql):
+        if writer.depth() or not writes_lake(sql):
             return real_execute(self, sql, bindings)
-        with WRITER:
+        with writer.lock:
             return real_execute(self, sql, bindings)
 
     patches = [
