@@ -20,9 +20,43 @@
     )
 }}
 
+-- What the last pass stored for the customers this pass changes (nothing on a full build), read
+-- once: the winners and first message it folds into, and the email it tells a change of by.
+with stored as (
+    {% if merging() -%}
+    select
+        customer_id,
+        latest,
+        first_event_time,
+        first_received_at,
+        first_message_id,
+        first_campaign,
+        email,
+        email_changed_at
+    from {{ this }}
+    {{ where_customer_changed() }}
+    {%- else -%}
+    select
+        null::varchar as customer_id,
+        null::varchar as email,
+        null::timestamptz as email_changed_at
+    where false
+    {%- endif %}
+),
+
+{% if merging() -%}
+-- The stored state the pass folds into: not that of the customers it rebuilds from all their
+-- messages (int_customers_changed.rebuild). (sqlfluff lints each branch of the `if`s apart.)
+folded as (  -- noqa: ST03
+    select stored.* from stored
+    anti join {{ ref('int_customers_changed') }} as changed
+        on stored.customer_id = changed.customer_id and changed.rebuild
+),
+{%- endif %}
+
 -- The trait rows a pass folds in (those of the messages it rewrote; all of a rebuilt customer's),
 -- and the stored winners of the customers it folds into.
-with candidates as (
+candidates as (
     {{ merge_input(ref('int_trait_history'), [
         "customer_id",
         "trait_key",
@@ -45,8 +79,7 @@ with candidates as (
             customer_id,
             -- A column per field of the winners' struct.
             unnest(latest, recursive := true)  -- noqa: AL03
-        from {{ this }}
-        {{ where_stored_merged() }}
+        from folded
     ) as stored_winners
     {%- endif %}
 ),
@@ -85,13 +118,16 @@ messages as (
         "message_id",
         "context -> '$.campaign' as campaign",
     ]) }}
-    {{ union_stored_state([
-        "customer_id",
-        "first_event_time as event_time",
-        "first_received_at as received_at",
-        "first_message_id as message_id",
-        "first_campaign as campaign",
-    ]) }}
+    {% if merging() -%}
+    union all
+    select
+        customer_id,
+        first_event_time as event_time,
+        first_received_at as received_at,
+        first_message_id as message_id,
+        first_campaign as campaign
+    from folded
+    {%- endif %}
 ),
 
 name_parts as (
@@ -172,24 +208,6 @@ built as (
     from first_recognition
     left join objects on first_recognition.customer_id = objects.customer_id
     left join winners on first_recognition.customer_id = winners.customer_id
-),
-
--- What the last pass stored (nothing on a full build), to tell whether the email changed.
-stored as (
-    {% if merging() -%}
-    select
-        customer_id,
-        email,
-        email_changed_at
-    from {{ this }}
-    {{ where_customer_changed() }}
-    {%- else -%}
-    select
-        null::varchar as customer_id,
-        null::varchar as email,
-        null::timestamptz as email_changed_at
-    where false
-    {%- endif %}
 ),
 
 final as (
