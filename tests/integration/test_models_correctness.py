@@ -418,7 +418,6 @@ class Built:
     after_slice: list[dict[str, list[dict[str, Any]]]]  # marts after each slice's pass
     compacted: list[str]  # the passes' lines of compaction after them
     full: dict[str, list[dict[str, Any]]]  # marts of one build over everything, fresh lake
-    incremental: Path  # the data dir the slices' passes built
 
 
 @pytest.fixture(scope="module")
@@ -450,7 +449,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     shutil.copy(DataPaths(inc).secret_file, DataPaths(full).secret_file)  # same subscription ids
     shutil.copytree(DataPaths(inc).landing_dir, DataPaths(full).landing_dir, dirs_exist_ok=True)
     pipeline(full)
-    return Built(arrivals, slices, after, compacted, read_marts(full), inc)
+    return Built(arrivals, slices, after, compacted, read_marts(full))
 
 
 # ---------------------------------------------------------------- tests
@@ -500,59 +499,6 @@ def test_the_streams_exercise_every_rule(built: Built) -> None:
 def test_passes_compacted_the_tables_they_fragmented(built: Built) -> None:
     """Guards the comparisons below: they cover passes over compacted tables."""
     assert any("compacted intermediate." in line for line in built.compacted), built.compacted
-
-
-def _statements(dbt_log: Path) -> list[tuple[str, str, str, str, datetime, datetime]]:
-    """Each statement of dbt's debug log: (invocation, thread, node, sql, start, end), from the
-    SQLQuery event logged before it runs and the SQLQueryStatus after."""
-    out = []
-    started: dict[tuple[str, str], tuple[str, str, datetime]] = {}
-    for line in dbt_log.read_text().splitlines():
-        if not line.startswith("{"):
-            continue
-        event = json.loads(line)
-        info, data = event["info"], event["data"]
-        at = datetime.fromisoformat(info["ts"].replace("Z", "+00:00"))
-        key = (info.get("invocation_id", ""), info["thread"])
-        if info["name"] == "SQLQuery":
-            node = (data.get("node_info") or {}).get("unique_id", "")
-            started[key] = (node, data["sql"].strip(), at)
-        elif info["name"] == "SQLQueryStatus" and key in started:
-            node, sql, begun = started.pop(key)
-            out.append((key[0], key[1], node, sql, begun, at))
-    return out
-
-
-def test_passes_ran_models_side_by_side_one_lake_writer_at_a_time(built: Built) -> None:
-    """dbt's threads (MALLARD_DBT_THREADS, 2) build models and run tests at the same time, while
-    the models' transactions on the lake never overlap (orchestration/lake_writes.py: two
-    writers fail each other's commits with "database is locked"). From the passes' dbt.log."""
-    statements = _statements(DataPaths(built.incremental).dbt_target / "dbt.log")
-    transactions, threads_of = [], defaultdict(set)
-    open_at: dict[tuple[str, str], datetime] = {}
-    for invocation, thread, node, sql, begun, ended in statements:
-        threads_of[invocation].add(thread)
-        key = (invocation, thread)
-        if not node.startswith("model."):
-            continue
-        if sql == "BEGIN":
-            open_at[key] = begun
-        elif sql == "COMMIT" and key in open_at:
-            transactions.append((invocation, thread, open_at.pop(key), ended))
-    assert len({t[0] for t in transactions}) >= N_SLICES - 1, "passes' transactions not logged"
-    assert any(len(t) > 1 for t in threads_of.values()), "dbt ran on one thread"
-    for a in transactions:
-        for b in transactions:
-            if a[0] == b[0] and a[1] < b[1]:
-                assert a[3] <= b[2] or b[3] <= a[2], f"two lake writers at once: {a} {b}"
-    # Side by side: statements of two threads were under way at the same time.
-    overlapping = [
-        (a[2], b[2])
-        for a in statements
-        for b in statements
-        if a[0] == b[0] and a[1] < b[1] and a[4] < b[5] and b[4] < a[5]
-    ]
-    assert overlapping, "no two statements ran at the same time"
 
 
 def test_building_after_each_slice_equals_one_full_rebuild(built: Built) -> None:
