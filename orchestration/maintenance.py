@@ -14,9 +14,7 @@ and the lake only grows. Two entry points, both under the build lock, so never d
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import sqlite3
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -154,9 +152,7 @@ def _min_max(
     return (str(row[0]), str(row[1])) if row and row[0] is not None else None
 
 
-def _complete_stats(
-    conn: duckdb.DuckDBPyConnection, paths: DataPaths, schema: str, table: str
-) -> int:
+def _complete_stats(conn: duckdb.DuckDBPyConnection, schema: str, table: str) -> int:
     """Record the min/max DuckLake left out for the table's files (see _INCOMPLETE_STATS), read
     from the files themselves, and the table's min/max of those columns, read from the table
     (DuckLake plans from those too: with none it answered `where col = ...` with no rows at all).
@@ -189,24 +185,31 @@ def _complete_stats(
         found = _min_max(conn, column, column_type, whole, [])
         if found:
             in_table.append((*found, table_id, column_id))
-    with contextlib.closing(sqlite3.connect(paths.lake_catalog, timeout=60)) as catalog:
-        catalog.executemany(
-            "update ducklake_file_column_stats set min_value = ?, max_value = ?"
-            " where data_file_id = ? and column_id = ? and min_value is null",
+    # Through the catalog DuckLake attached, not Python's sqlite3: a second SQLite library in
+    # this process opening the file DuckDB's holds can truncate the WAL index DuckDB has mapped
+    # (SIGBUS), since POSIX locks are per process and neither library sees the other's.
+    conn.execute("begin")
+    if in_files:
+        conn.executemany(
+            _metadata(
+                "update lake.ducklake_file_column_stats set min_value = ?, max_value = ?"
+                " where data_file_id = ? and column_id = ? and min_value is null"
+            ),
             in_files,
         )
-        catalog.executemany(
-            "update ducklake_table_column_stats set min_value = ?, max_value = ?"
-            " where table_id = ? and column_id = ?",
+    if in_table:
+        conn.executemany(
+            _metadata(
+                "update lake.ducklake_table_column_stats set min_value = ?, max_value = ?"
+                " where table_id = ? and column_id = ?"
+            ),
             in_table,
         )
-        catalog.commit()
+    conn.execute("commit")
     return len(in_files)
 
 
-def _compact_table(
-    conn: duckdb.DuckDBPyConnection, paths: DataPaths, schema: str, table: str
-) -> int:
+def _compact_table(conn: duckdb.DuckDBPyConnection, schema: str, table: str) -> int:
     """Rewrite the table's files with deletes into new files, merge small ones, then complete
     the column stats DuckLake left out; returns how many (file, column) stats it completed."""
     conn.execute(
@@ -214,7 +217,7 @@ def _compact_table(
         [table, schema, REWRITE_DELETE_THRESHOLD],
     )
     conn.execute("call ducklake_merge_adjacent_files('lake', ?, schema => ?)", [table, schema])
-    return _complete_stats(conn, paths, schema, table)
+    return _complete_stats(conn, schema, table)
 
 
 def fragmented_tables(conn: duckdb.DuckDBPyConnection, at: int) -> list[tuple[str, str, int]]:
@@ -274,7 +277,7 @@ def compact_fragmented(paths: DataPaths, at: int | None = None) -> CompactionRes
             if not tables:
                 return CompactionResult([], 0, 0, time.perf_counter() - started)
             before = _live_files(conn)
-            completed = sum(_compact_table(conn, paths, s, t) for s, t, _ in tables)
+            completed = sum(_compact_table(conn, s, t) for s, t, _ in tables)
             after = _live_files(conn)
             seconds = time.perf_counter() - started
             return CompactionResult(tables, before, after, seconds, completed)
@@ -292,7 +295,7 @@ def maintain(paths: DataPaths, retention: timedelta = SNAPSHOT_RETENTION) -> Mai
                 " where database_name = 'lake' and schema_name in ?",
                 [list(SCHEMAS)],
             ).fetchall()
-            completed = sum(_compact_table(conn, paths, schema, table) for schema, table in tables)
+            completed = sum(_compact_table(conn, schema, table) for schema, table in tables)
             after = _live_files(conn)
             cutoff = f"now() - interval '{int(retention.total_seconds())} seconds'"
             expired = conn.execute(

@@ -63,6 +63,9 @@ def ensure_wal_catalog(paths: DataPaths) -> None:
     journal mode the API's reads hold shared locks that make the pipeline's commit fail with
     "database is locked" (measured: every rebuild under 2 reading clients failed)."""
     # Switching needs a moment without readers; if busy now, the next load switches it.
+    # Only while this process holds no DuckDB connection to the lake (before a load connects):
+    # Python's SQLite and the one inside DuckDB's `sqlite` extension do not see each other's
+    # locks in one process, and one can truncate the WAL index the other has mapped (SIGBUS).
     with (
         contextlib.suppress(sqlite3.OperationalError),
         contextlib.closing(sqlite3.connect(paths.lake_catalog, timeout=10)) as db,
