@@ -84,7 +84,9 @@ class DbtThread:
         try:
             # This thread's priority is inherited by the DuckDB workers dbt starts on it.
             yield_cpu_to_readers()
-            with serialised_lake_writes():
+            # One lake writer at a time only matters with several dbt threads (opt-in).
+            threads = int(args[args.index("--threads") + 1]) if "--threads" in args else 1
+            with serialised_lake_writes() if threads > 1 else contextlib.nullcontext():
                 self.returncode = _invoke(args, self.stdout.put)
         except BaseException as e:  # reported like dbt's own fatal errors, never lost
             self.stdout.put(_error_line(f"{type(e).__name__}: {e}"))
