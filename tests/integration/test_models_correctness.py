@@ -326,6 +326,7 @@ MARTS = {
     "customers": ("traits", "metadata"),
     "customer_event_objects": ("event_object",),
     "customer_identifiers": (),
+    "customer_preferences": ("marketing_preferences", "state"),
     "duplicates": (),
 }
 # The per-customer state passes fold into, compared too: a row a pass leaves behind there (of a

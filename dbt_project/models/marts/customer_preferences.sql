@@ -1,39 +1,28 @@
 -- One row per served customer with a subscription id (grain: subscription_id): what the
 -- marketing-preferences endpoints read (INTERFACE.md 2.6, 4.5). The subscription id is the
 -- only key; it is never listed by any API.
-{{
-    config(
-        materialized='incremental',
-        incremental_strategy='replace_customers',
-        unique_key='customer_id',
-    )
-}}
+-- A view of customer_profiles, which carries these columns: until 2026-11 a table of its own,
+-- which every pass wrote again for each changed customer though its preferences rarely change
+-- (at 10M messages, +100k: 0.5 s of the pass, and 0.3 s for its tests).
+{{ config(materialized='view') }}
 
-with customers as (
+with profiles as (
     select * from {{ ref('customer_profiles') }}
-    {{ where_customer_changed() }}
-),
-
-preferences as (
-    select * from {{ ref('int_customer_preferences') }}
-    {{ where_customer_changed(rewritten=true) }}
 ),
 
 final as (
     select
-        customers.subscription_id,
-        customers.customer_id,
-        customers.client_id,
-        customers.account_id,
-        preferences.home_brand_id as brand_id,
-        customers.user_id,
-        preferences.anonymous_id,
-        preferences.marketing_preferences,
-        preferences.state
-    from customers
-    inner join preferences on customers.customer_id = preferences.customer_id
-    where customers.subscription_id is not null
-    order by customers.subscription_id
+        subscription_id,
+        customer_id,
+        client_id,
+        account_id,
+        home_brand_id as brand_id,
+        user_id,
+        anonymous_id,
+        marketing_preferences,
+        preference_state as state
+    from profiles
+    where subscription_id is not null
 )
 
 select * from final

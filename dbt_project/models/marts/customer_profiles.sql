@@ -1,6 +1,7 @@
 -- One row per served customer (grain: customer_id): the traits object, and the metadata object of
 -- INTERFACE.md 2.9 without its firstEvent/lastEvent members (`metadata_base`), with typed columns
--- for lookups. The `customers` view splices those members in from customer_event_objects:
+-- for lookups and the customer's marketing preferences (the customer_preferences view). The
+-- `customers` view splices those members in from customer_event_objects:
 -- they are most of a customer's metadata (4.7 of 5.3 KB at 10M messages) and a pass changes few
 -- of them, so they are not written again with every changed customer.
 {{
@@ -93,6 +94,10 @@ assembled as (
     select
         base.*,
         {{ subscription_id('base.customer_id') }} as subscription_id,
+        preferences.home_brand_id,
+        preferences.anonymous_id,
+        preferences.marketing_preferences,
+        preferences.state as preference_state,
         json_merge_patch(
             traits.traits,
             json_object(
@@ -148,6 +153,11 @@ final as (
                 'lastActivityTime', {{ iso_ts('last_activity_time') }}
             )
         ) as metadata_base,
+        -- What the marketing-preferences endpoints read, through the customer_preferences view.
+        home_brand_id,
+        anonymous_id,
+        marketing_preferences,
+        preference_state,
         created_file,
         created_channel,
         created_time,

@@ -104,20 +104,22 @@ def test_every_test_runs_again_only_when_the_project_changed(tmp_path: Path) -> 
 def test_other_passes_run_the_marts_data_tests_only(tmp_path: Path) -> None:
     """What dbt itself selects with a pass's arguments (`dbt ls` on the project): the marts'
     data tests, without the unit tests, the intermediate and staging models' tests, and the
-    tests tagged `definition`; with every test, all of them."""
+    tests tagged `definition`; with every test, all of them. Views are built only by passes
+    that run every test, and by whole builds."""
     paths = DataPaths(tmp_path)
 
-    def tests(full: bool) -> set[str]:
-        # A build's arguments after `build`: its selection (the window is in the environment).
-        args = dbt_build_args(Window(T1, T2), full)[1:]
+    def selected(
+        full: bool, kinds: tuple[str, ...] = ("test", "unit_test"), window: Window | None = None
+    ) -> set[str]:
+        # A build's arguments after `build`: its selection (the window is in the environment;
+        # `dbt ls` takes no --full-refresh).
+        build = dbt_build_args(window or Window(T1, T2), full)
+        args = [a for a in build[1:] if a != "--full-refresh"]
         out = subprocess.run(
             [
                 str(Path(sys.executable).with_name("dbt")),
                 "ls",
-                "--resource-type",
-                "test",
-                "--resource-type",
-                "unit_test",
+                *(a for kind in kinds for a in ("--resource-type", kind)),
                 *args,
                 "--output",
                 "name",
@@ -145,8 +147,9 @@ def test_other_passes_run_the_marts_data_tests_only(tmp_path: Path) -> None:
     )
     assert cleaned == ["build", "--exclude-resource-type", "unit_test"], cleaned
     assert "tag:definition,resource_type:test" in excludes
+    assert "config.materialized:view" in excludes
 
-    every, light = tests(True), tests(False)
+    every, light = selected(True), selected(False)
     assert light < every
     assert "unique_events_event_id" in light
     assert "unique_customer_profiles_customer_id" in light
@@ -156,3 +159,9 @@ def test_other_passes_run_the_marts_data_tests_only(tmp_path: Path) -> None:
     assert not any(name.startswith(("unique_int_", "not_null_int_", "accepted_")) for name in light)
     # Unit tests: only with every test.
     assert any("event_action" in name for name in dropped), dropped
+
+    views = {"stg_messages", "customers", "customer_preferences"}
+    models = selected(True, ("model",))
+    assert views < models
+    assert models - selected(False, ("model",)) == views
+    assert views < selected(False, ("model",), Window(None, T2))  # a whole build
