@@ -1,10 +1,11 @@
 """Marketing preferences by subscription id (INTERFACE.md 2.6, 4.5): read, validate, write.
 
-The state of record is the dbt model `int_customer_preferences`: per key (a channel, a
-category, unsubscribe-all) the change with the latest (event time, receipt, messageId) wins,
-whether it came by this endpoint or by an identify trait. An update is written as a track
-message (`preferences_updated`, or `unsubscribed` for unsubscribe-all) through the collector,
-durable before the answer, so it reaches that model like any other message.
+The state of record is the dbt model `customer_profiles` (read through the view
+`customer_preferences`): per key (a channel, a category, unsubscribe-all) the change with the
+latest (event time, receipt, messageId) wins, whether it came by this endpoint or by an
+identify trait. An update is written as a track message (`preferences_updated`, or
+`unsubscribed` for unsubscribe-all) through the collector, durable before the answer, so it
+reaches that model like any other message.
 
 Read-your-writes before the next pipeline run: after the log has the message, its per-key
 changes go into a small SQLite journal (api/preferences_journal.py) with the same event time,

@@ -1,7 +1,7 @@
 -- One row per (message, preference key) it sets: a channel, a category or unsubscribe-all,
 -- set by a preferences update (track `preferences_updated` / `unsubscribed` written by the
 -- preferences endpoint, source `preferences`) or by an identify trait `marketingPreferences`.
--- int_customer_preferences picks the latest change per key by event time from these rows,
+-- customer_profiles picks the latest change per key by event time from these rows,
 -- whichever path a change came by. Incrementally, the rows of the messages a pass rewrote are
 -- replaced.
 {{

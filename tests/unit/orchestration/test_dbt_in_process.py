@@ -4,6 +4,7 @@ dagster-dbt reading the same JSON lines it reads from a `dbt` subprocess."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from mallard.harness import mallard
@@ -34,8 +35,9 @@ def test_a_pass_runs_dbt_on_a_thread_of_the_pipeline_process(tmp_path: Path) -> 
     assert built in out.stdout, out.stdout
     assert _invoked_on(target) == "dbt"
 
+    # The next pass leaves the views as the first built them (orchestration/window.py).
     out = mallard("pipeline", "run", data_dir=data, env={"MALLARD_DBT_IN_PROCESS": "0"})
-    assert built in out.stdout, out.stdout
+    assert re.search(r"dbt build: (\d+)/\1 models built", out.stdout), out.stdout
     assert _invoked_on(target) == "MainThread"
 
 
