@@ -281,6 +281,25 @@
     drop table {{ rewritten }}
 {%- endmacro %}
 
+{#
+  Incremental strategy `replace_stored`, for a model whose new rows rarely replace stored ones and
+  that flags those that do (config `replaces_column`): delete the stored rows of the flagged keys
+  (`unique_key`) only, then insert every computed row. With nothing flagged (almost every pass)
+  DuckDB does not scan the target at all: at 10M messages, +100k, dbt's delete+insert read the
+  keys of every stored message of int_messages_deduped for it (0.18 s).
+#}
+{% macro get_incremental_replace_stored_sql(arg_dict) -%}
+    {%- set cols = get_quoted_csv(arg_dict['dest_columns'] | map(attribute='name')) -%}
+    {%- set key = arg_dict['unique_key'] -%}
+    {%- set key = [key] if key is string else key -%}
+    delete from {{ arg_dict['target_relation'] }} as target
+    where {{ keys_exist(
+        'target', key, arg_dict['temp_relation'], 'keyed.' ~ config.require('replaces_column')
+    ) }};
+    insert into {{ arg_dict['target_relation'] }} ({{ cols }})
+    select {{ cols }} from {{ arg_dict['temp_relation'] }}
+{%- endmacro %}
+
 {# The customers whose email a pass changed (int_customer_traits.email_changed_at). #}
 {% macro email_changed_customers() -%}
     select customer_id from {{ ref('int_customer_traits') }}

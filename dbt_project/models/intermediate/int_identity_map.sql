@@ -16,7 +16,9 @@
     )
 }}
 
-with pairs as (
+-- Not one CTE of every pair read twice below: DuckDB materializes such a CTE, and then reads every
+-- stored message's pair (1.8M rows at 10M messages, 0.75 s of CPU) whatever filters follow.
+{%- set pairs %}
     select
         account_id,
         anonymous_id,
@@ -28,11 +30,11 @@ with pairs as (
         replaces_stored
     from {{ ref('int_messages_deduped') }}
     where anonymous_id is not null and user_id is not null
-),
+{%- endset %}
 
 {% if is_incremental() %}
-window_pairs as (
-    select * from pairs
+with window_pairs as (
+    select * from ({{ pairs }}) as pairs
     where {{ in_window('loaded_at') }}
 ),
 
@@ -94,14 +96,14 @@ candidates as (
         pairs.event_time,
         pairs.received_at,
         pairs.message_id
-    from pairs
+    from ({{ pairs }}) as pairs
     semi join redone
         on pairs.account_id = redone.account_id and pairs.anonymous_id = redone.anonymous_id
     where not ({{ in_window('pairs.loaded_at') }})
 ),
 {% else %}
-candidates as (
-    select * from pairs
+with candidates as (
+    {{ pairs }}
 ),
 {% endif %}
 

@@ -3,13 +3,15 @@
 -- for them), then the wide rows joined: a window over the whole staged rows sorts their JSON
 -- along (30 s vs 19 s for 1M messages).
 -- Incrementally, a newly loaded copy is kept only if no stored winner of its key came first;
--- delete+insert on the key then replaces a stored winner that a copy loaded later beats (two
--- collectors land files out of receipt order); `replaces_stored` marks that, and the customer
--- the replaced copy counted for is rebuilt rather than merged (int_customers_changed).
+-- it replaces a stored winner that a copy loaded later beats (two collectors land files out of
+-- receipt order); `replaces_stored` marks that (strategy replace_stored deletes only those), and
+-- the customer the replaced copy counted for is rebuilt rather than merged
+-- (int_customers_changed).
 {{
     config(
         materialized='incremental',
-        incremental_strategy='delete+insert',
+        incremental_strategy='replace_stored',
+        replaces_column='replaces_stored',
         unique_key=['account_id', 'message_id'],
     )
 }}

@@ -1,9 +1,11 @@
--- One row per served customer (grain: customer_id): the traits object, and the metadata object of
--- INTERFACE.md 2.9 without its firstEvent/lastEvent members (`metadata_base`), with typed columns
--- for lookups and the customer's marketing preferences (the customer_preferences view). The
--- `customers` view splices those members in from customer_event_objects:
--- they are most of a customer's metadata (4.7 of 5.3 KB at 10M messages) and a pass changes few
--- of them, so they are not written again with every changed customer.
+-- One row per served customer (grain: customer_id): the traits object, the columns the metadata
+-- object of INTERFACE.md 2.9 is made of, typed columns for lookups, and the customer's marketing
+-- preferences (the customer_preferences view). The `customers` view assembles `metadata` from
+-- them and the firstEvent/lastEvent members in customer_event_objects: those are most of a
+-- customer's metadata (4.7 of 5.3 KB at 10M messages) and a pass changes few of them, so they are
+-- not written again with every changed customer. (Until 2026-11-26 the rest of the metadata
+-- object was a column here too, a patched copy of the traits that each pass computed and wrote
+-- again for every changed customer.)
 {{
     config(
         materialized='incremental_by_customer',
@@ -222,22 +224,6 @@ final as (
         lower(traits_object ->> '$.email') as email_lower,
         subscription_id,
         traits_object as traits,
-        json_merge_patch(
-            traits_object,
-            json_object(
-                -- Null: a trait of these names gives way to the objects the view splices in.
-                'firstEvent', null,
-                'lastEvent', null,
-                '_subscriptionId', subscription_id,
-                'createdBy', json_object(
-                    'filename', created_file,
-                    'createdTime', {{ iso_ts('created_time') }},
-                    'type', created_channel
-                ),
-                'audiencesStatic', '[]'::json,
-                'lastActivityTime', {{ iso_ts('last_activity_time') }}
-            )
-        ) as metadata_base,
         -- What the marketing-preferences endpoints read, through the customer_preferences view.
         home_brand_id,
         anonymous_id,
