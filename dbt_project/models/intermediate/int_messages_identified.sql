@@ -8,7 +8,8 @@
 {{
     config(
         materialized='incremental',
-        incremental_strategy='delete+insert',
+        incremental_strategy='replace_stored',
+        replaces_column='restated',
         unique_key=['account_id', 'message_id'],
     )
 }}
@@ -96,6 +97,14 @@ final as (
         {%- else -%}
         cast(null as varchar)
         {%- endif %} as previous_customer_id,
+        -- Stored before this pass (attributed again, a replaced copy, or written by a pass that
+        -- died): only such a message can have rows here and in the models built from it, so
+        -- only theirs are deleted (strategies replace_stored and replace_messages).
+        {% if is_incremental() -%}
+        stored.message_id is not null
+        {%- else -%}
+        false
+        {%- endif %} as restated,
         {{ pass_through() }} as pass_through
     from attributed
     {% if is_incremental() -%}
