@@ -88,10 +88,10 @@ latest as (
     select
         customer_id,
         trait_key,
-        arg_max(trait_value, (event_time, received_at, message_id)) as trait_value,
+        arg_max(trait_value, {{ event_order() }}) as trait_value,
         max(event_time) as event_time,
-        arg_max(received_at, (event_time, received_at, message_id)) as received_at,
-        arg_max(message_id, (event_time, received_at, message_id)) as message_id
+        arg_max(received_at, {{ event_order() }}) as received_at,
+        arg_max(message_id, {{ event_order() }}) as message_id
     from candidates
     group by customer_id, trait_key
 ),
@@ -145,10 +145,10 @@ name_parts as (
 first_recognition as (
     select
         customer_id,
-        arg_min_null(campaign, (event_time, received_at, message_id)) as campaign,
+        arg_min_null(campaign, {{ event_order() }}) as campaign,
         min(event_time) as first_event_time,
-        arg_min(received_at, (event_time, received_at, message_id)) as first_received_at,
-        arg_min(message_id, (event_time, received_at, message_id)) as first_message_id
+        arg_min(received_at, {{ event_order() }}) as first_received_at,
+        arg_min(message_id, {{ event_order() }}) as first_message_id
     from messages
     group by customer_id
 ),

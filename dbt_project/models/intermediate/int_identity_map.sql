@@ -111,10 +111,10 @@ mapped as (
     select
         account_id,
         anonymous_id,
-        arg_min(user_id, (event_time, received_at, message_id)) as user_id,
+        arg_min(user_id, {{ event_order() }}) as user_id,
         min(event_time) as identified_at,
-        arg_min(received_at, (event_time, received_at, message_id)) as identified_received_at,
-        arg_min(message_id, (event_time, received_at, message_id)) as identified_message_id
+        arg_min(received_at, {{ event_order() }}) as identified_received_at,
+        arg_min(message_id, {{ event_order() }}) as identified_message_id
     from candidates
     group by account_id, anonymous_id
 ),

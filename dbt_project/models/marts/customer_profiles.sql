@@ -128,10 +128,10 @@ latest_changes as (
         customer_id,
         pref_kind,
         pref_key,
-        arg_max(pref_value, (event_time, received_at, message_id)) as pref_value,
+        arg_max(pref_value, {{ event_order() }}) as pref_value,
         max(event_time) as event_time,
-        arg_max(received_at, (event_time, received_at, message_id)) as received_at,
-        arg_max(message_id, (event_time, received_at, message_id)) as message_id
+        arg_max(received_at, {{ event_order() }}) as received_at,
+        arg_max(message_id, {{ event_order() }}) as message_id
     from changes
     group by customer_id, pref_kind, pref_key
 ),
