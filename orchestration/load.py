@@ -16,9 +16,8 @@ from pathlib import Path
 import duckdb
 
 from mallard.paths import DataPaths
-from mallard.warehouse import connect
 from orchestration.locks import load_lock
-from orchestration.warehouse import ensure_warehouse
+from orchestration.warehouse import lake_connection
 
 # Bounds the memory and the length of one transaction; the rest waits for the next pass.
 MAX_FILES_PER_TRANSACTION = 2000
@@ -71,9 +70,8 @@ def landed_since(mark: str, cursor: str | None) -> bool:
 
 def load_new_files(paths: DataPaths, *, fail_before_commit: bool = False) -> LoadResult:
     """Load every landing file not in the ledger. `fail_before_commit` is for crash tests."""
-    ensure_warehouse(paths)
     with load_lock(paths):
-        conn = connect(paths)
+        conn = lake_connection(paths)
         try:
             loaded = {
                 r[0]

@@ -25,6 +25,7 @@ from mallard.paths import DataPaths
 from mallard.settings import get_settings
 from mallard.warehouse import connect
 from orchestration.locks import build_lock
+from orchestration.warehouse import lake_connection
 
 # Snapshots are kept this long: time travel for analysts, and scrollIds, which pin the snapshot
 # of their first page (an older scroll is told to start again).
@@ -236,7 +237,7 @@ def needs_compaction(paths: DataPaths, at: int | None = None) -> list[tuple[str,
     at = get_settings().compact_at_files if at is None else at
     if at <= 0:
         return []
-    conn = connect(paths, read_only=True)
+    conn = lake_connection(paths)
     try:
         return fragmented_tables(conn, at)
     finally:

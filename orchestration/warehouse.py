@@ -5,6 +5,10 @@ from __future__ import annotations
 import contextlib
 import secrets
 import sqlite3
+import threading
+from pathlib import Path
+
+import duckdb
 
 from mallard.paths import DataPaths
 from mallard.warehouse import connect
@@ -58,7 +62,7 @@ def ensure_secret(paths: DataPaths) -> str:
     return paths.secret_file.read_text().strip()
 
 
-def ensure_wal_catalog(paths: DataPaths) -> None:
+def ensure_wal_catalog(paths: DataPaths) -> bool:
     """Put the SQLite catalog in WAL mode (persistent in the file). In the default rollback
     journal mode the API's reads hold shared locks that make the pipeline's commit fail with
     "database is locked" (measured: every rebuild under 2 reading clients failed)."""
@@ -66,16 +70,58 @@ def ensure_wal_catalog(paths: DataPaths) -> None:
     # Only while this process holds no DuckDB connection to the lake (before a load connects):
     # Python's SQLite and the one inside DuckDB's `sqlite` extension do not see each other's
     # locks in one process, and one can truncate the WAL index the other has mapped (SIGBUS).
+    # True once the catalog is in WAL mode.
     with (
         contextlib.suppress(sqlite3.OperationalError),
         contextlib.closing(sqlite3.connect(paths.lake_catalog, timeout=10)) as db,
     ):
         if db.execute("pragma journal_mode").fetchone()[0] != "wal":
             db.execute("pragma journal_mode=wal")
+        return bool(db.execute("pragma journal_mode").fetchone()[0] == "wal")
+    return False
+
+
+# The catalogs this process has made ready (schemas, raw tables, options, WAL mode), by file
+# identity: a catalog deleted and made again at the same path is made ready again.
+_READY: dict[Path, tuple[int, int]] = {}
+# One DuckDB per process and catalog for the orchestrator's own statements (the load, the
+# window, the compaction check): a DuckDB of its own per statement loaded the DuckLake and SQLite
+# extensions again each time, ~0.15 s, and ensure_warehouse's statements took 0.2 s, four times
+# in every pass (at 10M messages). dbt keeps its own DuckDB (orchestration/dbt_in_process.py).
+_SHARED: dict[tuple[int, int], duckdb.DuckDBPyConnection] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def _catalog_identity(paths: DataPaths) -> tuple[int, int] | None:
+    try:
+        st = paths.lake_catalog.stat()
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def lake_connection(paths: DataPaths) -> duckdb.DuckDBPyConnection:
+    """A connection of its own (close it after use) to this process's DuckDB with the lake
+    attached, read-write, after ensure_warehouse. Until the catalog is confirmed in WAL mode the
+    connection is a DuckDB of its own, as ensure_wal_catalog may only switch the mode while this
+    process holds no DuckDB connection to the lake."""
+    ensure_warehouse(paths)
+    identity = _catalog_identity(paths)
+    if identity is None or _READY.get(paths.lake_catalog) != identity:
+        return connect(paths)
+    with _SHARED_LOCK:
+        shared = _SHARED.get(identity)
+        if shared is None:
+            shared = _SHARED[identity] = connect(paths)
+        return shared.cursor()
 
 
 def ensure_warehouse(paths: DataPaths) -> None:
-    """Create the lake's schemas and raw tables if missing (idempotent)."""
+    """Create the lake's schemas and raw tables if missing (idempotent; once per process and
+    catalog file)."""
+    identity = _catalog_identity(paths)
+    if identity is not None and _READY.get(paths.lake_catalog) == identity:
+        return
     ensure_secret(paths)
     conn = connect(paths)
     try:
@@ -95,4 +141,5 @@ def ensure_warehouse(paths: DataPaths) -> None:
         conn.execute("call lake.set_option('data_inlining_row_limit', 0, schema => 'marts')")
     finally:
         conn.close()
-    ensure_wal_catalog(paths)
+    if ensure_wal_catalog(paths) and (identity := _catalog_identity(paths)) is not None:
+        _READY[paths.lake_catalog] = identity

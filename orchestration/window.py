@@ -23,8 +23,8 @@ import duckdb
 import yaml
 
 from mallard.paths import DataPaths
-from mallard.warehouse import connect
 from orchestration.context import DBT_DIR
+from orchestration.warehouse import lake_connection
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def models_epoch() -> int:
 def current_window(paths: DataPaths) -> Window:
     """A pass continues after the last finished one only if that pass left state of this
     version of the models; otherwise (first pass, or after an upgrade) it builds whole."""
-    conn = connect(paths, read_only=True)
+    conn = lake_connection(paths)
     try:
         after = _scalar(
             conn,
