@@ -210,9 +210,52 @@ def _complete_stats(conn: duckdb.DuckDBPyConnection, schema: str, table: str) ->
     return len(in_files)
 
 
+# Tables that passes append candidates to, with the view (of the dbt project, where the rule is
+# defined) that picks the winner among them and the columns a winner is known by. Compaction
+# deletes the candidates that are not winners before it rewrites the files: the reads of the
+# winners then rank one row per key again (dbt_project/models/marts/customer_event_objects.sql).
+FOLDS = {
+    ("marts", "customer_event_objects"): (
+        "customer_event_winners",
+        ("customer_id", "event_action", "end_of_history", "event_id"),
+    ),
+}
+
+
+def fold_candidates(conn: duckdb.DuckDBPyConnection, schema: str, table: str) -> int:
+    """Delete the table's candidates that are not winners (FOLDS); how many. None before the
+    view is built (a lake of an earlier version, before the pass that builds the views)."""
+    fold = FOLDS.get((schema, table))
+    if fold is None:
+        return 0
+    view, key = fold
+    exists = conn.execute(
+        "select count(*) from duckdb_views() where database_name = 'lake'"
+        " and schema_name = ? and view_name = ?",
+        [schema, view],
+    ).fetchone()
+    if not exists or not exists[0]:
+        return 0
+    cols = ", ".join(key)
+    conn.execute(
+        f"create or replace temp table fold_winners as select {cols} from lake.{schema}.{view}"
+    )
+    try:
+        match = " and ".join(f"w.{c} = t.{c}" for c in key)
+        row = conn.execute(
+            f"delete from lake.{schema}.{table} as t"
+            f" where not exists (select 1 from fold_winners as w where {match})"
+        ).fetchone()
+        return int(row[0]) if row else 0
+    finally:
+        conn.execute("drop table if exists fold_winners")
+
+
 def _compact_table(conn: duckdb.DuckDBPyConnection, schema: str, table: str) -> int:
-    """Rewrite the table's files with deletes into new files, merge small ones, then complete
-    the column stats DuckLake left out; returns how many (file, column) stats it completed."""
+    """Fold a table of candidates to its winners (FOLDS), rewrite the table's files with deletes
+    into new files, merge small ones, then complete the column stats DuckLake left out; returns
+    how many (file, column) stats it completed."""
+    fold_candidates(conn, schema, table)
     conn.execute(
         "call ducklake_rewrite_data_files('lake', ?, schema => ?, delete_threshold => ?)",
         [table, schema, REWRITE_DELETE_THRESHOLD],

@@ -117,31 +117,18 @@
     )
 {%- endmacro %}
 
-{# The columns of a `customer_key` config ('event_action, end_of_history'). #}
-{% macro key_columns(key) -%}
-    {{- return(key.split(',') | map('trim') | list) -}}
-{%- endmacro %}
-
 {#
   On an incremental pass, `union all` the model's stored rows of the customers it folds into,
   with these columns (expressions allowed), after the select of what the pass adds; nothing on a
-  build from scratch. key: for a model with one row per (customer, key) (strategy
-  replace_customers with `customer_key`), only the stored rows of the keys the pass's rewritten
-  messages (in `messages`, a message-grain relation with that column) touch.
+  build from scratch.
 #}
-{% macro union_stored_state(columns, key=none, messages=none) -%}
+{% macro union_stored_state(columns) -%}
     {%- if merging() %}
     union all
     select
         {{ columns | join(',\n        ') }}
     from {{ this }}
     {{ where_stored_merged() }}
-    {%- if key %}
-        and (customer_id, {{ key }}) in (
-            select (customer_id, {{ key }}) from {{ messages }}
-            where {{ in_window('pass_through') }}
-        )
-    {%- endif %}
     {%- endif -%}
 {%- endmacro %}
 
@@ -157,8 +144,7 @@
 {#
   The rows of a per-customer input for every customer a pass changes (all on a full build).
   rewritten=true: the input is a per-customer model this pass already ran (strategy
-  replace_customers), which wrote every row of every changed customer again (with `customer_key`,
-  every row of a key the pass touched: a reader must need only those), each with this
+  replace_customers), which wrote every row of every changed customer again, each with this
   pass's window end (written_by_pass()). Its changed customers' rows are then those of
   `pass_through = this pass`, a plain comparison DuckDB answers from the files' min/max: it reads
   the few files the pass wrote, not every file of the table (at 10M messages, a pass's 94k of 1M
@@ -226,33 +212,39 @@
   the rows the model computed for them. The deletion set is the changed customers, not the new
   rows, so a customer that is gone (a visitor now attributed to the user it identified as) leaves
   no rows behind.
-  With `customer_key` (a model with one row per (customer, key) that a pass computes only for the
-  keys its messages touch, see union_stored_state): delete the rows of those keys, and every row
-  of the customers rebuilt (a rebuild may drop keys; a fold only adds or replaces them).
+  With `appends_candidates` (customer_event_objects: candidates a pass appends, of which a view
+  picks the winner): delete every row of the customers rebuilt, and the rows of the messages the
+  pass wrote again that were stored before (int_messages_identified.restated; their keys in a
+  temp table, see keys_exist: with none, almost every pass, the target is not scanned), then
+  insert. Other customers keep their candidates: the pass's own are ranked beside them.
 #}
-{% macro delete_changed_customers(relation, key=none, computed=none) -%}
+{% macro delete_changed_customers(relation, appends_candidates=false) -%}
     {%- set changed = ref('int_customers_changed') %}
+    {%- if appends_candidates %}
+    {%- set restated = '"' ~ relation.identifier ~ '__restated"' %}
+    create or replace temp table {{ restated }} as
+    select event_id from {{ ref('int_messages_identified') }}
+    where {{ in_window('pass_through') }} and restated;
     delete from {{ relation }} as target
-    {%- if key %}
-    where
-        {{ keys_exist('target', ['customer_id'] + key_columns(key), computed) }}
-        or customer_id in (select customer_id from {{ changed }} where rebuild)
+    where {{ keys_exist('target', ['event_id'], restated) }};
+    drop table {{ restated }};
+    delete from {{ relation }} as target
+    where customer_id in (select customer_id from {{ changed }} where rebuild)
     {%- else %}
+    delete from {{ relation }} as target
     where customer_id in (select customer_id from {{ changed }})
     {%- endif %}
 {%- endmacro %}
 
 {# The changed customers' stored rows of `target` replaced by the rows in `computed`: the strategy
    below, and incremental_by_customer (its own rows, and those of its `commit_with` companions). #}
-{% macro replace_changed_customers(target, key, computed) -%}
-    {{ delete_changed_customers(target, key, computed) }};
+{% macro replace_changed_customers(target, computed, appends_candidates=false) -%}
+    {{ delete_changed_customers(target, appends_candidates) }};
     insert into {{ target }} by name select * from {{ computed }}
 {%- endmacro %}
 
 {% macro get_incremental_replace_customers_sql(arg_dict) -%}
-    {{ replace_changed_customers(
-        arg_dict['target_relation'], config.get('customer_key'), arg_dict['temp_relation']
-    ) }}
+    {{ replace_changed_customers(arg_dict['target_relation'], arg_dict['temp_relation']) }}
 {%- endmacro %}
 
 {#

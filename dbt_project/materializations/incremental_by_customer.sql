@@ -76,7 +76,7 @@
         {%- endcall -%}
     {%- else -%}
         {%- call statement('main') -%}
-            {{ replace_changed_customers(target, config.get('customer_key'), build) }};
+            {{ replace_changed_customers(target, build, config.get('appends_candidates', false)) }};
             drop table {{ build }}
         {%- endcall -%}
     {%- endif -%}
@@ -118,7 +118,8 @@
             {%- set companion = api.Relation.create(
                 database=node.database, schema=node.schema, identifier=node.alias) -%}
             {%- call statement('commit_with_' ~ node.name) -%}
-                {{ replace_changed_customers(companion, node.config.get('customer_key'), pending) }}
+                {{ replace_changed_customers(
+                    companion, pending, node.config.get('appends_candidates', false)) }}
             {%- endcall -%}
         {%- endif -%}
     {%- endfor -%}

@@ -43,6 +43,7 @@ from mallard.paths import DataPaths
 from mallard.warehouse import connect
 from orchestration.context import DBT_DIR, dbt_env
 from orchestration.load import load_new_files
+from orchestration.maintenance import compact_fragmented
 from orchestration.window import current_window
 
 N_STREAMS = 24
@@ -324,7 +325,9 @@ def oracle(arrivals: list[Arrival]) -> Expected:
 MARTS = {
     "events": ("record",),
     "customers": ("traits", "metadata"),
-    "customer_event_objects": ("event_object",),
+    # The winners among the candidates passes append (customer_event_objects; compared raw
+    # after a fold below).
+    "customer_event_winners": ("event_object",),
     "customer_identifiers": (),
     "customer_preferences": ("marketing_preferences", "state"),
     "duplicates": (),
@@ -361,6 +364,16 @@ def read_marts(data_dir: Path) -> dict[str, list[dict[str, Any]]]:
         conn.close()
 
 
+def read_table(data_dir: Path, table: str) -> list[dict[str, Any]]:
+    conn = connect(DataPaths(data_dir), read_only=True)
+    try:
+        cur = conn.execute(f"select * from lake.{table}")
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+    finally:
+        conn.close()
+
+
 def canonical(rows: list[dict[str, Any]]) -> list[str]:
     return sorted(json.dumps(r, sort_keys=True, default=str) for r in rows)
 
@@ -373,6 +386,7 @@ CHUNKED = {"MALLARD_CUSTOMERS_PER_CHUNK": "25"}
 # The incremental lake compacts a table once it has two files to rewrite or merge, so passes
 # also fold into tables compaction rewrote (at scale, 8: MALLARD_COMPACT_AT_FILES).
 COMPACT_EARLY = {"MALLARD_COMPACT_AT_FILES": "2"}
+NO_COMPACTION = {"MALLARD_COMPACT_AT_FILES": "0"}
 
 
 def pipeline(data_dir: Path, env: dict[str, str] | None = None) -> str:
@@ -419,6 +433,12 @@ class Built:
     after_slice: list[dict[str, list[dict[str, Any]]]]  # marts after each slice's pass
     compacted: list[str]  # the passes' lines of compaction after them
     full: dict[str, list[dict[str, Any]]]  # marts of one build over everything, fresh lake
+    # rows of customer_event_objects (candidates) after each pass; the table after a last
+    # compaction of the incremental lake (which folds the candidates to winners), and of the full
+    # build
+    objects_after_slice: list[int]
+    objects_folded: list[dict[str, Any]]
+    objects_full: list[dict[str, Any]]
 
 
 @pytest.fixture(scope="module")
@@ -431,7 +451,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
 
     inc = tmp_path_factory.mktemp("incremental")
     init_data_dir(inc)
-    after, compacted = [], []
+    after, compacted, objects = [], [], []
     for seq, part in enumerate(slices):
         if seq in INTERRUPTED:
             # Half the slice goes through a pass that dies; the rest lands before the next.
@@ -441,16 +461,31 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
             land(inc, part[half:], seq)
         else:
             land(inc, part, seq)
-        out = pipeline(inc, COMPACT_EARLY)
+        # The last pass compacts nothing: its event candidates stay beside the stored winners
+        # (folded by the compaction after the loop).
+        out = pipeline(inc, COMPACT_EARLY if seq < len(slices) - 1 else NO_COMPACTION)
         compacted += [line for line in out.splitlines() if " compact: " in line]
         after.append(read_marts(inc))
+        objects.append(len(read_table(inc, "marts.customer_event_objects")))
+
+    compact_fragmented(DataPaths(inc), at=1)
+    folded = read_table(inc, "marts.customer_event_objects")
 
     full = tmp_path_factory.mktemp("full")
     init_data_dir(full)
     shutil.copy(DataPaths(inc).secret_file, DataPaths(full).secret_file)  # same subscription ids
     shutil.copytree(DataPaths(inc).landing_dir, DataPaths(full).landing_dir, dirs_exist_ok=True)
     pipeline(full)
-    return Built(arrivals, slices, after, compacted, read_marts(full))
+    return Built(
+        arrivals,
+        slices,
+        after,
+        compacted,
+        read_marts(full),
+        objects,
+        folded,
+        read_table(full, "marts.customer_event_objects"),
+    )
 
 
 # ---------------------------------------------------------------- tests
@@ -507,6 +542,16 @@ def test_building_after_each_slice_equals_one_full_rebuild(built: Built) -> None
     for table in (*MARTS, *STATE):
         assert len(incremental[table]) == len(built.full[table]), table
         assert canonical(incremental[table]) == canonical(built.full[table]), table
+
+
+def test_compaction_folds_the_event_candidates_to_the_full_builds_winners(built: Built) -> None:
+    """Passes append candidates beside the stored winners; compaction deletes the losers, and
+    what is left is row for row what a full build writes (one winner per key)."""
+    winners = [len(marts["customer_event_winners"]) for marts in built.after_slice]
+    assert any(n > w for n, w in zip(built.objects_after_slice, winners, strict=True)), (
+        f"no candidate beside a winner: {built.objects_after_slice} rows, {winners} winners"
+    )
+    assert canonical(built.objects_folded) == canonical(built.objects_full)
 
 
 @pytest.mark.parametrize("pass_index", range(N_SLICES))

@@ -1,23 +1,27 @@
--- One row per (customer, event action, end of history) of a served customer: the event object
--- (INTERFACE.md 2.9) of the customer's first or last event of that action by event time (ties:
--- receipt, then eventId), with the keys it won by. The `customers` view splices them into
--- `metadata` as firstEvent/lastEvent, keyed by event action.
--- The mart is its own fold state: a pass compares the messages it rewrote with the stored
--- winners of the actions they touch, and writes only the objects whose winner is among those
--- messages (a new winner, or the old one written again), and every object of a rebuilt customer:
--- at 10M messages, +100k events, ~0.1M small rows. (Until 2026-11-25 the winners were a table of
--- their own, int_customer_event_winners, written for every touched action and read back here.)
+-- Candidates for the event objects (INTERFACE.md 2.9) of served customers: per (customer, event
+-- action, end of history `first` or `last`), the first or last event of that action by event
+-- time (ties: receipt, then eventId) among the messages of one pass, with the keys it is ranked
+-- by.
+-- The winner of each (customer, action, end) over its candidates is customer_event_winners (a
+-- view), which the `customers` view splices into `metadata` as firstEvent/lastEvent.
+-- A pass appends the candidates of the messages it rewrote without reading what is stored: the
+-- earlier winner stays a candidate beside them. At 10M messages (+100k events) the read of the
+-- stored winners of the touched actions took ~0.6 s and the delete of the objects they lost to
+-- 0.4 s of every pass (until 2026-11-26 the table held winners only). Compaction folds the
+-- table back to winners (orchestration/maintenance.py), deleting the candidates that are not
+-- customer_event_winners'. A rebuilt customer's candidates are deleted first and computed again
+-- from all its messages; a message the pass wrote again loses its earlier candidates.
 -- Like customer_profiles, it holds served customers only: a customer that stops being served
 -- loses its rows, and one served again must be rebuilt (int_customers_changed.rebuild).
--- A mart (row groups of 4,096 rows), sorted by customer: the view's lookup of one customer reads
--- a row group of each file, not the table. On a pass its rows are written in customer_profiles'
+-- A mart (row groups of 4,096 rows), sorted by customer: a lookup of one customer reads a row
+-- group of each file, not the table. On a pass its rows are written in customer_profiles'
 -- commit (`commit_with`): the view never combines a pass's objects with the profiles of the pass
 -- before.
 {{
     config(
         materialized='incremental_by_customer',
         customers_per_chunk=env_var('MALLARD_CUSTOMERS_PER_CHUNK', '125000') | int,
-        customer_key='event_action, end_of_history',
+        appends_candidates=true,
         commit_with='customer_profiles',
     )
 }}
@@ -38,31 +42,13 @@ with messages as (
     ]) }}
 ),
 
--- The pass's messages, and the stored winners of the (customer, action) pairs they touch.
 candidates as (
     select
         customer_id,
         event_action,
-        event_id,
-        event_time,
-        received_at
+        arg_min(event_id, {{ event_order('event_id') }}) as first_event_id,
+        arg_max(event_id, {{ event_order('event_id') }}) as last_event_id
     from messages
-    {{ union_stored_state([
-        "customer_id",
-        "event_action",
-        "event_id",
-        "event_time",
-        "received_at",
-    ], key='event_action', messages=ref('int_messages_identified')) }}
-),
-
-winners as (
-    select
-        customer_id,
-        event_action,
-        arg_min(event_id, (event_time, received_at, event_id)) as first_event_id,
-        arg_max(event_id, (event_time, received_at, event_id)) as last_event_id
-    from candidates
     group by customer_id, event_action
 ),
 
@@ -76,14 +62,14 @@ ends as (
         event_action,
         'first' as end_of_history,
         first_event_id as event_id
-    from winners
+    from candidates
     union all
     select
         customer_id,
         event_action,
         'last' as end_of_history,
         last_event_id as event_id
-    from winners
+    from candidates
 ),
 
 final as (
@@ -108,7 +94,6 @@ final as (
             'timestamp', {{ iso_ts('messages.event_time') }}
         )) as event_object
     from ends
-    -- Only the winners whose event the pass rewrote: the others' stored objects stay as they are.
     inner join messages
         on ends.customer_id = messages.customer_id and ends.event_id = messages.event_id
     anti join regulations

@@ -1,9 +1,10 @@
 -- One row per served customer (grain: customer_id): the traits object and the metadata object of
 -- INTERFACE.md 2.9, with typed columns for lookups. A view: customer_profiles holds each
 -- customer's traits and the columns of its metadata, assembled here, and the firstEvent/lastEvent
--- members of `metadata` are spliced in from customer_event_objects (a pass rewrites only the
--- members it changes; see customer_profiles). A lookup by customer_id reads one row group of each
--- file of both tables; the read API answers metadata requests from this view.
+-- members of `metadata` are spliced in from customer_event_winners (a pass adds only the
+-- candidates of the members it changes; see customer_event_objects). A lookup by customer_id
+-- reads one row group of each file of both tables; the read API answers metadata requests from
+-- this view.
 {{ config(materialized='view') }}
 
 with objects as (
@@ -11,7 +12,7 @@ with objects as (
         customer_id,
         {{ event_members('first') }} as first_event,
         {{ event_members('last') }} as last_event
-    from {{ ref('customer_event_objects') }}
+    from {{ ref('customer_event_winners') }}
     group by customer_id
 ),
 
