@@ -1,19 +1,28 @@
 -- One row per served customer (grain: customer_id): the traits object and the metadata object of
 -- INTERFACE.md 2.9, with typed columns for lookups. A view: customer_profiles holds each
 -- customer's traits and the columns of its metadata, assembled here, and the firstEvent/lastEvent
--- members of `metadata` are spliced in from customer_event_winners (a pass adds only the
--- candidates of the members it changes; see customer_event_objects). A lookup by customer_id
+-- members of `metadata` are spliced in from the winners among the candidates in
+-- customer_event_objects (a pass adds only candidates of the members it changes). A lookup by customer_id
 -- reads one row group of each file of both tables; the read API answers metadata requests from
 -- this view.
 {{ config(materialized='view') }}
 
-with objects as (
+with candidates as (
     select
         customer_id,
-        {{ event_members('first') }} as first_event,
-        {{ event_members('last') }} as last_event
-    from {{ ref('customer_event_winners') }}
+        {{ event_candidates('first') }} as first_candidates,
+        {{ event_candidates('last') }} as last_candidates
+    from {{ ref('customer_event_objects') }}
     group by customer_id
+),
+
+-- The winner of each action among the candidates (macros/event_members.sql).
+objects as (
+    select
+        customer_id,
+        {{ event_members('first_candidates') }} as first_event,
+        {{ event_members('last_candidates') }} as last_event
+    from candidates
 ),
 
 -- The metadata object without its events: the traits patched with the customer's metadata.
