@@ -210,77 +210,105 @@ def _complete_stats(conn: duckdb.DuckDBPyConnection, schema: str, table: str) ->
     return len(in_files)
 
 
-# Tables that passes append candidates to, with the view (of the dbt project, where the rule is
-# defined) that picks the winner among them, the key it picks one per, the column that tells a
-# key's candidates apart, and the columns the ranking does not read (not read for it). Compaction
-# deletes the candidates that are not winners before it rewrites the files: the reads of the
-# winners then rank one row per key again (dbt_project/models/marts/customer_event_objects.sql).
+@dataclass(frozen=True)
+class Fold:
+    """A table that passes append rows to and a view (of the dbt project, where the rule is
+    defined) combines per `key`. With `candidate` (the column telling a key's rows apart), the
+    view picks one row per key: compaction deletes the others. Without, the view merges a key's
+    rows into one: compaction replaces them with it. `unread`: columns the view's ranking does
+    not read, left out of the rows it ranks."""
+
+    view: str
+    key: tuple[str, ...]
+    candidate: str | None = None
+    unread: tuple[str, ...] = ()
+
+
+# Compaction folds these tables before it rewrites their files, so the views combine one row per
+# key again (dbt_project/models/marts: customer_event_objects, customer_identifier_sightings).
 FOLDS = {
-    ("marts", "customer_event_objects"): (
+    ("marts", "customer_event_objects"): Fold(
         "customer_event_winners",
         ("customer_id", "event_action", "end_of_history"),
-        "event_id",
-        ("event_object",),
+        candidate="event_id",
+        unread=("event_object",),
+    ),
+    ("marts", "customer_identifier_sightings"): Fold(
+        "customer_identifiers", ("customer_id", "account_id", "id_type", "id_value")
     ),
 }
 
 
+def _delete_matching(source: str, match: str) -> str:
+    return f"delete from {source} as t where exists (select 1 from fold_out as o where {match})"
+
+
 def fold_candidates(conn: duckdb.DuckDBPyConnection, schema: str, table: str) -> int:
-    """Delete the table's candidates that are not winners (FOLDS); how many. Only the keys with
-    more than one candidate are ranked (found by a hash of the key: a collision only ranks a key
-    more). None before the view is built (a lake of an earlier version, before the pass that
-    builds the views). At 10M messages, ranking every key took 9.5 s; finding the keys with more
-    than one and ranking theirs (124k of 6.3M after a +100k pass), ~2 s."""
+    """Fold the table (FOLDS); how many rows it deleted. Only the keys with more than one row are
+    combined (found by a hash of the key: a collision only combines a key more), by the view's own
+    SQL over their rows: a filter on the view does not reach below its window or grouping. None
+    before the view is built (a lake of an earlier version, before the pass that builds the
+    views). At 10M messages, ranking every event object key took 9.5 s; finding the keys with
+    more than one and ranking theirs, 3.0 s after one +100k pass (124k losers), 4.9 s after four."""
     fold = FOLDS.get((schema, table))
     if fold is None:
         return 0
-    view, key, candidate, payload = fold
     found = conn.execute(
         "select sql from duckdb_views() where database_name = 'lake'"
         " and schema_name = ? and view_name = ?",
-        [schema, view],
+        [schema, fold.view],
     ).fetchone()
     if not found:
         return 0
-    cols = ", ".join((*key, candidate))
-    key_hash = f"hash({', '.join(key)})"
+    source = f"lake.{schema}.{table}"
+    view_sql = str(found[0])
+    combined = view_sql[view_sql.index(" AS ") + 4 :].rstrip().rstrip(";")
+    if source not in combined:
+        raise RuntimeError(f"view {schema}.{fold.view} does not read {source}: {view_sql[:200]}")
+    combined = combined.replace(source, "fold_rows")
+    key_hash = f"hash({', '.join(fold.key)})"
     conn.execute(
         f"create or replace temp table fold_keys as select {key_hash} as key_hash"
-        f" from lake.{schema}.{table} group by key_hash having count(*) > 1"
+        f" from {source} group by key_hash having count(*) > 1"
     )
     try:
         keys = conn.execute("select count(*) from fold_keys").fetchone()
         if not keys or not keys[0]:
             return 0
+        unread = f" exclude ({', '.join(fold.unread)})" if fold.unread else ""
         conn.execute(
-            "create or replace temp table fold_candidates as"
-            f" select * exclude ({', '.join(payload)}) from lake.{schema}.{table}"
+            f"create or replace temp table fold_rows as select *{unread} from {source}"
             f" where {key_hash} in (select key_hash from fold_keys)"
         )
-        # The view's own SQL over those candidates: a filter on the view does not reach below
-        # its window (ranking every key again, 5 s at 10M).
-        source = f"lake.{schema}.{table}"
-        view_sql = str(found[0])
-        ranked = view_sql[view_sql.index(" AS ") + 4 :].rstrip().rstrip(";")
-        if source not in ranked:
-            raise RuntimeError(f"view {schema}.{view} does not read {source}: {view_sql[:200]}")
-        conn.execute(
-            f"create or replace temp table fold_losers as select {cols} from fold_candidates"
-            f" except select {cols} from ({ranked.replace(source, 'fold_candidates')})"
-        )
-        match = " and ".join(f"l.{c} = t.{c}" for c in (*key, candidate))
-        row = conn.execute(
-            f"delete from lake.{schema}.{table} as t"
-            f" where exists (select 1 from fold_losers as l where {match})"
-        ).fetchone()
-        return int(row[0]) if row else 0
+        if fold.candidate is not None:
+            cols = ", ".join((*fold.key, fold.candidate))
+            conn.execute(
+                f"create or replace temp table fold_out as select {cols} from fold_rows"
+                f" except select {cols} from ({combined})"
+            )
+            match = " and ".join(f"o.{c} = t.{c}" for c in (*fold.key, fold.candidate))
+            row = conn.execute(_delete_matching(source, match)).fetchone()
+            return int(row[0]) if row else 0
+        conn.execute(f"create or replace temp table fold_out as {combined}")
+        match = " and ".join(f"o.{c} = t.{c}" for c in fold.key)
+        conn.execute("begin")
+        try:
+            row = conn.execute(_delete_matching(source, match)).fetchone()
+            conn.execute(f"insert into {source} by name select * from fold_out")
+            conn.execute("commit")
+        except BaseException:
+            conn.execute("rollback")
+            raise
+        deleted = int(row[0]) if row else 0
+        inserted = conn.execute("select count(*) from fold_out").fetchone()
+        return deleted - (int(inserted[0]) if inserted else 0)
     finally:
-        for temp in ("fold_keys", "fold_candidates", "fold_losers"):
+        for temp in ("fold_keys", "fold_rows", "fold_out"):
             conn.execute(f"drop table if exists {temp}")
 
 
 def _compact_table(conn: duckdb.DuckDBPyConnection, schema: str, table: str) -> int:
-    """Fold a table of candidates to its winners (FOLDS), rewrite the table's files with deletes
+    """Fold a table passes append to (FOLDS), rewrite the table's files with deletes
     into new files, merge small ones, then complete the column stats DuckLake left out; returns
     how many (file, column) stats it completed."""
     fold_candidates(conn, schema, table)

@@ -94,7 +94,7 @@ def current_window(paths: DataPaths) -> Window:
 # run only with every test too (0.3 s of a +100k pass at 10M).
 # Views hold no data, only their SQL, which changes only with the project: a pass that runs every
 # test built them (it passed, or it is run again), so incremental passes after it leave them as
-# they are (4 views, ~0.4 s of a pass at 10M). A view's SQL must therefore not depend on the
+# they are (5 views, ~0.5 s of a pass at 10M). A view's SQL must therefore not depend on the
 # window or anything else a pass sets.
 FULL_TESTS_PASSED = "full_tests_passed"
 # One --exclude value, the selectors space-separated: dagster-dbt takes its first value only.

@@ -118,21 +118,6 @@
 {%- endmacro %}
 
 {#
-  On an incremental pass, `union all` the model's stored rows of the customers it folds into,
-  with these columns (expressions allowed), after the select of what the pass adds; nothing on a
-  build from scratch.
-#}
-{% macro union_stored_state(columns) -%}
-    {%- if merging() %}
-    union all
-    select
-        {{ columns | join(',\n        ') }}
-    from {{ this }}
-    {{ where_stored_merged() }}
-    {%- endif -%}
-{%- endmacro %}
-
-{#
   The column of a per-customer model (strategy replace_customers) that says which pass wrote the
   row: its window end (see where_customer_changed(rewritten=true)). Appended to stored tables of
   an earlier version by `on_schema_change='append_new_columns'` (null there: not this pass).
@@ -212,22 +197,25 @@
   the rows the model computed for them. The deletion set is the changed customers, not the new
   rows, so a customer that is gone (a visitor now attributed to the user it identified as) leaves
   no rows behind.
-  With `appends_candidates` (customer_event_objects: candidates a pass appends, of which a view
-  picks the winner): delete every row of the customers rebuilt, and the rows of the messages the
-  pass wrote again that were stored before (int_messages_identified.restated; their keys in a
-  temp table, see keys_exist: with none, almost every pass, the target is not scanned), then
-  insert. Other customers keep their candidates: the pass's own are ranked beside them.
+  With `appends_candidates` (a table of candidates or partial aggregates a pass appends, which a
+  view combines: customer_event_objects, customer_identifier_sightings): delete every row of the
+  customers rebuilt, and, with `message_column` set, the rows of the messages the pass wrote
+  again that were stored before (int_messages_identified.restated; their keys in a temp table,
+  see keys_exist: with none, almost every pass, the target is not scanned), then insert. Other
+  customers keep their rows: the pass's own are combined with them.
 #}
-{% macro delete_changed_customers(relation, appends_candidates=false) -%}
+{% macro delete_changed_customers(relation, appends_candidates=false, message_column=none) -%}
     {%- set changed = ref('int_customers_changed') %}
     {%- if appends_candidates %}
+    {%- if message_column %}
     {%- set restated = '"' ~ relation.identifier ~ '__restated"' %}
     create or replace temp table {{ restated }} as
-    select event_id from {{ ref('int_messages_identified') }}
+    select event_id as {{ message_column }} from {{ ref('int_messages_identified') }}
     where {{ in_window('pass_through') }} and restated;
     delete from {{ relation }} as target
-    where {{ keys_exist('target', ['event_id'], restated) }};
+    where {{ keys_exist('target', [message_column], restated) }};
     drop table {{ restated }};
+    {%- endif %}
     delete from {{ relation }} as target
     where customer_id in (select customer_id from {{ changed }} where rebuild)
     {%- else %}
@@ -238,13 +226,18 @@
 
 {# The changed customers' stored rows of `target` replaced by the rows in `computed`: the strategy
    below, and incremental_by_customer (its own rows, and those of its `commit_with` companions). #}
-{% macro replace_changed_customers(target, computed, appends_candidates=false) -%}
-    {{ delete_changed_customers(target, appends_candidates) }};
+{% macro replace_changed_customers(
+    target, computed, appends_candidates=false, message_column=none
+) -%}
+    {{ delete_changed_customers(target, appends_candidates, message_column) }};
     insert into {{ target }} by name select * from {{ computed }}
 {%- endmacro %}
 
 {% macro get_incremental_replace_customers_sql(arg_dict) -%}
-    {{ replace_changed_customers(arg_dict['target_relation'], arg_dict['temp_relation']) }}
+    {{ replace_changed_customers(
+        arg_dict['target_relation'], arg_dict['temp_relation'],
+        config.get('appends_candidates', false), config.get('message_column')
+    ) }}
 {%- endmacro %}
 
 {#

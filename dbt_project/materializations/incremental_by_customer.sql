@@ -76,7 +76,9 @@
         {%- endcall -%}
     {%- else -%}
         {%- call statement('main') -%}
-            {{ replace_changed_customers(target, build, config.get('appends_candidates', false)) }};
+            {{ replace_changed_customers(
+                target, build, config.get('appends_candidates', false),
+                config.get('message_column')) }};
             drop table {{ build }}
         {%- endcall -%}
     {%- endif -%}
@@ -119,7 +121,8 @@
                 database=node.database, schema=node.schema, identifier=node.alias) -%}
             {%- call statement('commit_with_' ~ node.name) -%}
                 {{ replace_changed_customers(
-                    companion, pending, node.config.get('appends_candidates', false)) }}
+                    companion, pending, node.config.get('appends_candidates', false),
+                    node.config.get('message_column')) }}
             {%- endcall -%}
         {%- endif -%}
     {%- endfor -%}

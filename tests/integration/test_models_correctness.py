@@ -387,6 +387,11 @@ CHUNKED = {"MALLARD_CUSTOMERS_PER_CHUNK": "25"}
 # also fold into tables compaction rewrote (at scale, 8: MALLARD_COMPACT_AT_FILES).
 COMPACT_EARLY = {"MALLARD_COMPACT_AT_FILES": "2"}
 NO_COMPACTION = {"MALLARD_COMPACT_AT_FILES": "0"}
+# The tables passes append to, and the view that combines each (orchestration/maintenance.py FOLDS).
+FOLDED = {
+    "customer_event_objects": "customer_event_winners",
+    "customer_identifier_sightings": "customer_identifiers",
+}
 
 
 def pipeline(data_dir: Path, env: dict[str, str] | None = None) -> str:
@@ -433,12 +438,11 @@ class Built:
     after_slice: list[dict[str, list[dict[str, Any]]]]  # marts after each slice's pass
     compacted: list[str]  # the passes' lines of compaction after them
     full: dict[str, list[dict[str, Any]]]  # marts of one build over everything, fresh lake
-    # rows of customer_event_objects (candidates) after each pass; the table after a last
-    # compaction of the incremental lake (which folds the candidates to winners), and of the full
-    # build
-    objects_after_slice: list[int]
-    objects_folded: list[dict[str, Any]]
-    objects_full: list[dict[str, Any]]
+    # rows of each table passes append to (FOLDED) after each pass; the tables after a last
+    # compaction of the incremental lake (which folds them), and of the full build
+    appended_after_slice: dict[str, list[int]]
+    folded: dict[str, list[dict[str, Any]]]
+    folded_full: dict[str, list[dict[str, Any]]]
 
 
 @pytest.fixture(scope="module")
@@ -451,7 +455,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
 
     inc = tmp_path_factory.mktemp("incremental")
     init_data_dir(inc)
-    after, compacted, objects = [], [], []
+    after, compacted = [], []
+    appended: dict[str, list[int]] = {table: [] for table in FOLDED}
     for seq, part in enumerate(slices):
         if seq in INTERRUPTED:
             # Half the slice goes through a pass that dies; the rest lands before the next.
@@ -466,10 +471,11 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
         out = pipeline(inc, COMPACT_EARLY if seq < len(slices) - 1 else NO_COMPACTION)
         compacted += [line for line in out.splitlines() if " compact: " in line]
         after.append(read_marts(inc))
-        objects.append(len(read_table(inc, "marts.customer_event_objects")))
+        for table in FOLDED:
+            appended[table].append(len(read_table(inc, f"marts.{table}")))
 
     compact_fragmented(DataPaths(inc), at=1)
-    folded = read_table(inc, "marts.customer_event_objects")
+    folded = {table: read_table(inc, f"marts.{table}") for table in FOLDED}
 
     full = tmp_path_factory.mktemp("full")
     init_data_dir(full)
@@ -482,9 +488,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
         after,
         compacted,
         read_marts(full),
-        objects,
+        appended,
         folded,
-        read_table(full, "marts.customer_event_objects"),
+        {table: read_table(full, f"marts.{table}") for table in FOLDED},
     )
 
 
@@ -544,14 +550,18 @@ def test_building_after_each_slice_equals_one_full_rebuild(built: Built) -> None
         assert canonical(incremental[table]) == canonical(built.full[table]), table
 
 
-def test_compaction_folds_the_event_candidates_to_the_full_builds_winners(built: Built) -> None:
-    """Passes append candidates beside the stored winners; compaction deletes the losers, and
-    what is left is row for row what a full build writes (one winner per key)."""
-    winners = [len(marts["customer_event_winners"]) for marts in built.after_slice]
-    assert any(n > w for n, w in zip(built.objects_after_slice, winners, strict=True)), (
-        f"no candidate beside a winner: {built.objects_after_slice} rows, {winners} winners"
+@pytest.mark.parametrize("table", FOLDED)
+def test_compaction_folds_appended_rows_to_the_full_builds(built: Built, table: str) -> None:
+    """Passes append rows beside the stored ones (event candidates, identifier sightings);
+    compaction folds them, and what is left is row for row what a full build writes (one row per
+    key of the view over them)."""
+    view = FOLDED[table]
+    combined = [len(marts[view]) for marts in built.after_slice]
+    rows = built.appended_after_slice[table]
+    assert any(n > c for n, c in zip(rows, combined, strict=True)), (
+        f"no pass appended beside a stored row: {rows} rows, {combined} in {view}"
     )
-    assert canonical(built.objects_folded) == canonical(built.objects_full)
+    assert canonical(built.folded[table]) == canonical(built.folded_full[table])
 
 
 @pytest.mark.parametrize("pass_index", range(N_SLICES))

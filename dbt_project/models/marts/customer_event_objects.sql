@@ -22,6 +22,7 @@
         materialized='incremental_by_customer',
         customers_per_chunk=env_var('MALLARD_CUSTOMERS_PER_CHUNK', '125000') | int,
         appends_candidates=true,
+        message_column='event_id',
         commit_with='customer_profiles',
     )
 }}

@@ -2,9 +2,9 @@
 -- INTERFACE.md 2.9, with typed columns for lookups. A view: customer_profiles holds each
 -- customer's traits and the columns of its metadata, assembled here, and the firstEvent/lastEvent
 -- members of `metadata` are spliced in from the winners among the candidates in
--- customer_event_objects (a pass adds only candidates of the members it changes). A lookup by customer_id
--- reads one row group of each file of both tables; the read API answers metadata requests from
--- this view.
+-- customer_event_objects (a pass adds only candidates of the members it changes). A lookup by
+-- customer_id reads one row group of each file of both tables; the read API answers metadata
+-- requests from this view.
 {{ config(materialized='view') }}
 
 with candidates as (

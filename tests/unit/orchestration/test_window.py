@@ -161,7 +161,13 @@ def test_other_passes_run_the_marts_data_tests_only(tmp_path: Path) -> None:
     # Unit tests: only with every test.
     assert any("event_action" in name for name in dropped), dropped
 
-    views = {"stg_messages", "customers", "customer_preferences", "customer_event_winners"}
+    views = {
+        "stg_messages",
+        "customers",
+        "customer_preferences",
+        "customer_event_winners",
+        "customer_identifiers",
+    }
     models = selected(True, ("model",))
     assert views < models
     assert models - selected(False, ("model",)) == views
