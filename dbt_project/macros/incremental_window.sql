@@ -208,13 +208,12 @@
     {%- set changed = ref('int_customers_changed') %}
     {%- if appends_candidates %}
     {%- if message_column %}
-    {%- set restated = '"' ~ relation.identifier ~ '__restated"' %}
-    create or replace temp table {{ restated }} as
+    {%- set restated -%}
     select event_id as {{ message_column }} from {{ ref('int_messages_identified') }}
-    where {{ in_window('pass_through') }} and restated;
-    delete from {{ relation }} as target
-    where {{ keys_exist('target', [message_column], restated) }};
-    drop table {{ restated }};
+    where {{ in_window('pass_through') }} and restated
+    {%- endset %}
+    {{ delete_keyed_rows(relation, '"' ~ relation.identifier ~ '__restated"', [message_column],
+        restated) }};
     {%- endif %}
     delete from {{ relation }} as target
     where customer_id in (select customer_id from {{ changed }} where rebuild)
@@ -280,25 +279,32 @@
 {%- endmacro %}
 
 {#
-  The rows of the keys `keys_sql` selects (and those `also_delete` matches) deleted from the
-  target, then every computed row inserted. The keys go in a temp table of their own first (see
-  keys_exist; with a filter inside the `exists`, such a delete took 1.3-1.6 s at 10M messages):
-  with none (almost every pass) DuckDB does not scan the target at all (0.01 s).
+  The rows of `relation` whose key (`key`, columns) is among the rows `keys_sql` selects,
+  deleted. The keys go in a temp table of their own (`keys`) first (see keys_exist; with a filter
+  inside the `exists`, such a delete took 1.3-1.6 s at 10M messages): with none (almost every
+  pass) DuckDB does not scan the target at all (0.01 s).
 #}
-{% macro replace_keyed_rows(arg_dict, key, keys_sql, also_delete=none) -%}
-    {%- set cols = get_quoted_csv(arg_dict['dest_columns'] | map(attribute='name')) -%}
-    {%- set keys = '"' ~ arg_dict['temp_relation'].identifier ~ '__keys"' -%}
+{% macro delete_keyed_rows(relation, keys, key, keys_sql) -%}
     create or replace temp table {{ keys }} as
     {{ keys_sql }};
-    delete from {{ arg_dict['target_relation'] }} as target
+    delete from {{ relation }} as target
     where {{ keys_exist('target', key, keys) }};
+    drop table {{ keys }}
+{%- endmacro %}
+
+{# The rows of the keys `keys_sql` selects (and those `also_delete` matches) deleted from the
+   target (delete_keyed_rows), then every computed row inserted. #}
+{% macro replace_keyed_rows(arg_dict, key, keys_sql, also_delete=none) -%}
+    {%- set cols = get_quoted_csv(arg_dict['dest_columns'] | map(attribute='name')) -%}
+    {%- set relation = arg_dict['target_relation'] -%}
+    {{ delete_keyed_rows(
+        relation, '"' ~ arg_dict['temp_relation'].identifier ~ '__keys"', key, keys_sql) }};
     {%- if also_delete %}
-    delete from {{ arg_dict['target_relation'] }} as target
+    delete from {{ relation }} as target
     where {{ also_delete }};
     {%- endif %}
-    insert into {{ arg_dict['target_relation'] }} ({{ cols }})
-    select {{ cols }} from {{ arg_dict['temp_relation'] }};
-    drop table {{ keys }}
+    insert into {{ relation }} ({{ cols }})
+    select {{ cols }} from {{ arg_dict['temp_relation'] }}
 {%- endmacro %}
 
 {# The customers whose email a pass changed (int_customer_traits.email_changed_at). #}
