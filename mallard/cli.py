@@ -130,14 +130,20 @@ def cmd_pipeline_run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):  # finish the pass under way, then exit
         signal.signal(sig, lambda *_: stop.set())
+    from orchestration.locks import WatcherRunning
+
     print(f"watching {_paths(args).landing_dir} for landing files (stop: Ctrl-C)", flush=True)
-    passes = watch_pipeline(
-        _paths(args).root,
-        stop,
-        report,
-        poll_s=args.poll,
-        begin=lambda: print("pass: new landing files", flush=True),
-    )
+    try:
+        passes = watch_pipeline(
+            _paths(args).root,
+            stop,
+            report,
+            poll_s=args.poll,
+            begin=lambda: print("pass: new landing files", flush=True),
+        )
+    except WatcherRunning as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     print(f"stopped after {passes} passes", flush=True)
     return 0
 

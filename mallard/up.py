@@ -1,4 +1,5 @@
-"""`mallard up`, what `make run` calls: init, serve, demo data, pipeline, Dagster UI.
+"""`mallard up`, what `make run` calls: init, serve, demo data, pipeline, the pipeline watcher,
+Dagster UI and daemon.
 
 Ctrl-C (or SIGTERM) stops every process it started, by PID.
 """
@@ -94,6 +95,9 @@ def up(data_dir: Path, port: int, dagster_port: int) -> int:
         pipe = subprocess.run([*mallard, "pipeline", "run"], env=env)
         if pipe.returncode:
             print("pipeline run failed; the server keeps running", file=sys.stderr)
+        # Passes from here on run in one warm process as files land; the daemon's sensor and
+        # schedules stand back while it runs (orchestration/locks.py, watcher_lock).
+        start("pipeline-watch", [*mallard, "pipeline", "run", "--watch"])
         dagster_bin = Path(sys.executable).parent
         ui = start(
             "dagster-webserver",
@@ -118,6 +122,7 @@ def up(data_dir: Path, port: int, dagster_port: int) -> int:
 Mallard is running (data in {paths.root}; logs in {paths.run_dir}).
   Server (ingestion, read API, tag): {url}      health: {url}/health   OpenAPI: {url}/schema
   Dagster UI:                        http://127.0.0.1:{dagster_port}
+  Pipeline: a pass whenever files land (mallard pipeline run --watch; runs show in the UI)
   auth-token: {creds["token"]}
   writeKey:   {creds["writeKey"]}
 

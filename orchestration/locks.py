@@ -1,10 +1,14 @@
-"""The locks between processes that write the lake: one loader, and one writer of the models."""
+"""The locks between processes that write the lake: one loader, one writer of the models, and
+one pipeline watcher per data dir."""
 
 from __future__ import annotations
 
 import fcntl
+import os
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
 
 from mallard.paths import DataPaths
 
@@ -29,3 +33,60 @@ def build_lock(paths: DataPaths) -> AbstractContextManager[None]:
     """One writer of the models at a time (a dbt build or maintenance): two would conflict on
     commit."""
     return _file_lock(paths, ".build.lock")
+
+
+class WatcherRunning(RuntimeError):
+    """Another `mallard pipeline run --watch` already runs the passes of this data dir."""
+
+
+def _watcher_file(paths: DataPaths) -> Path:
+    return paths.run_dir / "pipeline-watch.lock"
+
+
+@contextmanager
+def watcher_lock(paths: DataPaths, wait_s: float = 2.0) -> Iterator[None]:
+    """Held by the pipeline watcher (`mallard pipeline run --watch`) for as long as it runs, with
+    its PID in the file. While it is held, the daemon's sensors and schedule leave passes and
+    compaction to the watcher (`watcher_pid`). The kernel drops the lock when the process ends,
+    however it ends: a killed watcher leaves no stale claim. Raises WatcherRunning if another
+    process holds it (a probe holds it shared for a moment: retried for wait_s)."""
+    paths.run_dir.mkdir(parents=True, exist_ok=True)
+    with open(_watcher_file(paths), "a+") as f:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    f.seek(0)
+                    raise WatcherRunning(
+                        "another `mallard pipeline run --watch` "
+                        f"(pid {f.read().strip() or '?'}) already runs the passes of {paths.root}"
+                    ) from None
+                time.sleep(0.05)
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        try:
+            yield
+        finally:
+            f.truncate(0)
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def watcher_pid(paths: DataPaths) -> int | None:
+    """The PID of the live pipeline watcher of this data dir, or None if none runs."""
+    try:
+        f = open(_watcher_file(paths))  # noqa: SIM115 - closed below, after the probe
+    except FileNotFoundError:
+        return None
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            text = f.read().strip()
+            return int(text) if text.isdigit() else -1
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -139,28 +140,48 @@ def watch_pipeline(
 ) -> int:
     """Pass after pass in this one process, each as soon as new landing files are there (the
     sensor's rule: a file landed since the last pass began, by `landing_mark`), until stop is
-    set; a pass under way finishes first. Dagster and the project are imported once, not per
-    pass: at 10M messages a pass of a few messages took a median of 24.4 s, against 30-32 s for
-    a new process each (bench/freshness.py, 2026-11-24). Runs are recorded in the Dagster
-    instance as `mallard pipeline run` records them. A failed pass is retried after retry_s, or
-    sooner when new files land. Returns the number of passes."""
+    set; a pass under way finishes first. Dagster and the project are imported once, before the
+    first files land, not per pass: at 10M messages a pass of a few messages took a median of
+    24.4 s, against 30-32 s for a new process each (bench/freshness.py, 2026-11-24). Runs are
+    recorded in the Dagster instance as `mallard pipeline run` records them. A failed pass is
+    retried after retry_s, or sooner when new files land. Holds the watcher lock throughout:
+    while it runs, the daemon's sensors and schedule leave passes to it (raises WatcherRunning
+    if another watcher of the data dir runs). Returns the number of passes."""
     from orchestration.load import landed_since, landing_mark
+    from orchestration.locks import watcher_lock
 
     paths = DataPaths(data_dir)
-    cursor, again_at, passes = "", 0.0, 0
-    while not stop.is_set():
-        mark = landing_mark(paths)
-        if landed_since(mark, cursor) or (again_at and time.monotonic() >= again_at):
-            cursor = mark
-            begin()
-            steps = _pass_off_the_main_thread(data_dir)
-            passes += 1
-            report(steps)
-            again_at = 0.0
-            if any(step.again for step in steps):
-                again_at = time.monotonic()
-            elif not all(step.ok for step in steps):
-                again_at = time.monotonic() + retry_s
-            continue
-        stop.wait(poll_s)
+    with watcher_lock(paths):
+        warm_up(data_dir)
+        cursor, again_at, passes = "", 0.0, 0
+        while not stop.is_set():
+            mark = landing_mark(paths)
+            if landed_since(mark, cursor) or (again_at and time.monotonic() >= again_at):
+                cursor = mark
+                begin()
+                steps = _pass_off_the_main_thread(data_dir)
+                passes += 1
+                report(steps)
+                again_at = 0.0
+                if any(step.again for step in steps):
+                    again_at = time.monotonic()
+                elif not all(step.ok for step in steps):
+                    again_at = time.monotonic() + retry_s
+                continue
+            stop.wait(poll_s)
     return passes
+
+
+def warm_up(data_dir: Path) -> None:
+    """What the first pass of a process would otherwise pay before its first model: Dagster,
+    dagster-dbt and dbt imported, the definitions built from the manifest."""
+    os.environ["MALLARD_DATA_DIR"] = str(data_dir)
+    os.environ["DAGSTER_HOME"] = str(data_dir / "dagster")
+    import dbt.cli.main  # noqa: F401 - imported for its cost, before the first pass
+
+    from orchestration.context import ensure_dagster_home
+    from orchestration.defs import build_definitions
+
+    ensure_dagster_home(DataPaths(data_dir))
+    with contextlib.suppress(Exception):  # a broken project: the first pass reports it
+        build_definitions()

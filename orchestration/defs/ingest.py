@@ -5,6 +5,7 @@ import dagster as dg
 
 from orchestration.context import data_paths
 from orchestration.load import landed_since, landing_mark, load_new_files
+from orchestration.locks import watcher_pid
 
 RAW_MESSAGES = dg.AssetKey(["raw", "messages"])
 ACTIVE_RUN_STATUSES = [
@@ -42,6 +43,14 @@ def run_in_progress(context: dg.SensorEvaluationContext, job_name: str) -> str |
     return f"{job_name} run {active[0].run_id} still in progress" if active else None
 
 
+def left_to_the_watcher() -> str | None:
+    """Why the daemon starts no pass (nor compaction) now: a pipeline watcher (`mallard pipeline
+    run --watch`, which `make run` starts) runs them in its warm process as files land. None if
+    no watcher runs, and the sensors and schedules take over."""
+    pid = watcher_pid(data_paths())
+    return f"the pipeline watcher (pid {pid}) runs the passes" if pid is not None else None
+
+
 def new_files_sensor(job_name: str) -> dg.SensorDefinition:
     @dg.sensor(
         job_name=job_name,
@@ -53,6 +62,8 @@ def new_files_sensor(job_name: str) -> dg.SensorDefinition:
         mark = landing_mark(data_paths())
         if not landed_since(mark, context.cursor):
             return dg.SensorResult(skip_reason="no new landing files")
+        if watcher := left_to_the_watcher():
+            return dg.SensorResult(skip_reason=watcher)
         # One pass loads every file landed so far: while one is queued or running, more
         # requests would only queue up behind it (measured: 5 runs deep, p50 freshness 198 s).
         if busy := run_in_progress(context, job_name):
@@ -63,10 +74,16 @@ def new_files_sensor(job_name: str) -> dg.SensorDefinition:
 
 
 def backstop_schedule(job_name: str) -> dg.ScheduleDefinition:
-    return dg.ScheduleDefinition(
+    @dg.schedule(
         name="pipeline_backstop",
         job_name=job_name,
         cron_schedule="*/15 * * * *",
         default_status=dg.DefaultScheduleStatus.RUNNING,
         description="Runs the pipeline even if the sensor misses files.",
     )
+    def pipeline_backstop(context: dg.ScheduleEvaluationContext) -> dg.RunRequest | dg.SkipReason:
+        if watcher := left_to_the_watcher():
+            return dg.SkipReason(watcher)
+        return dg.RunRequest()
+
+    return pipeline_backstop

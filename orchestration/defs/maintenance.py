@@ -5,7 +5,7 @@ maintenance (compaction of every table, snapshot expiry, file cleanup) on a sche
 import dagster as dg
 
 from orchestration.context import data_paths, yield_cpu_to_readers
-from orchestration.defs.ingest import run_in_progress
+from orchestration.defs.ingest import left_to_the_watcher, run_in_progress
 from orchestration.maintenance import compact_fragmented, maintain, needs_compaction
 
 
@@ -50,6 +50,8 @@ def compaction() -> None:
     description="Starts a compaction when a table has MALLARD_COMPACT_AT_FILES fragments.",
 )
 def fragmentation_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+    if watcher := left_to_the_watcher():  # it compacts after its passes
+        return dg.SensorResult(skip_reason=watcher)
     tables = needs_compaction(data_paths())
     if not tables:
         return dg.SensorResult(skip_reason="no table fragmented")

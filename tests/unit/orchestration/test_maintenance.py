@@ -15,6 +15,7 @@ from mallard.paths import DataPaths
 from mallard.settings import get_settings
 from mallard.warehouse import connect
 from orchestration.defs.maintenance import compaction, fragmentation_sensor, maintenance
+from orchestration.locks import watcher_lock
 from orchestration.maintenance import compact_fragmented, maintain, needs_compaction
 from orchestration.warehouse import ensure_warehouse
 
@@ -166,6 +167,10 @@ def test_the_fragmentation_sensor_requests_a_compaction(
         _fragment(paths, "churned", passes=get_settings().compact_at_files + 2)
         asked = fragmentation_sensor(dg.build_sensor_context(instance=instance))
         assert len(asked.run_requests or []) == 1  # type: ignore[union-attr]
+        with watcher_lock(paths):  # the pipeline watcher compacts after its own passes
+            held = fragmentation_sensor(dg.build_sensor_context(instance=instance))
+            assert not held.run_requests  # type: ignore[union-attr]
+            assert "pipeline watcher" in held.skip_reason.skip_message  # type: ignore[union-attr]
 
         runs: list[dg.ExecuteInProcessResult] = []
         worker = threading.Thread(  # off the main thread, as in the maintenance job's test

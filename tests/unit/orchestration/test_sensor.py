@@ -1,16 +1,23 @@
-"""The landing-files sensor: asks for a run when files land, and not while one is in progress."""
+"""The landing-files sensor: asks for a run when files land, and not while one is in progress;
+it, the backstop schedule and the compaction sensor stand back while a pipeline watcher runs."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import pytest
 from dagster._core.storage.dagster_run import DagsterRun
 
+from mallard.harness import REPO
 from mallard.paths import DataPaths
-from orchestration.defs.ingest import new_files_sensor
+from orchestration.defs.ingest import backstop_schedule, new_files_sensor
 from orchestration.load import landed_since, landing_mark
+from orchestration.locks import WatcherRunning, watcher_lock, watcher_pid
 from tests.unit.orchestration.test_load import write_landing
 
 
@@ -79,3 +86,61 @@ def test_a_cursor_from_before_landing_marks_counts_as_none(tmp_path: Path) -> No
     mark = landing_mark(paths)
     assert landed_since(mark, None) and landed_since(mark, "date=2026-01-01/t1-0000.parquet")
     assert not landed_since(mark, mark)
+
+
+def test_a_live_watcher_holds_the_sensor_and_the_backstop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While `mallard pipeline run --watch` runs (as `make run` starts it), the daemon starts no
+    pass: the watcher runs them in its warm process. Without it, the daemon does. (The
+    compaction sensor: test_maintenance.py.)"""
+    monkeypatch.setenv("MALLARD_DATA_DIR", str(tmp_path))
+    paths = DataPaths(tmp_path)
+    write_landing(paths, events=50, seed=1, files=1)
+    schedule = backstop_schedule("pipeline")
+    with dg.DagsterInstance.ephemeral() as instance:
+
+        def evaluations() -> list[Any]:
+            context = dg.build_schedule_context(instance=instance)
+            return [_evaluate(instance), schedule.evaluate_tick(context)]
+
+        with watcher_lock(paths):
+            assert watcher_pid(paths) == os.getpid()
+            for held in evaluations():
+                assert not held.run_requests
+                assert f"pipeline watcher (pid {os.getpid()})" in (held.skip_message or "")
+        assert watcher_pid(paths) is None
+        for free in evaluations():
+            assert len(free.run_requests or []) == 1, free.skip_message
+
+
+def test_a_killed_watcher_leaves_no_claim_and_a_second_one_is_refused(tmp_path: Path) -> None:
+    paths = DataPaths(tmp_path)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from pathlib import Path\n"
+            "from mallard.paths import DataPaths\n"
+            "from orchestration.locks import watcher_lock\n"
+            "with watcher_lock(DataPaths(Path(sys.argv[1]))):\n"
+            "    print('held', flush=True)\n"
+            "    time.sleep(600)\n",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        assert watcher_pid(paths) == holder.pid
+        with pytest.raises(WatcherRunning, match=f"pid {holder.pid}"), watcher_lock(paths, 0.2):
+            pass
+    finally:
+        holder.kill()  # SIGKILL: no clean-up of its own runs
+        holder.wait()
+    assert watcher_pid(paths) is None
+    with watcher_lock(paths):  # the sensors' claim is gone with the process
+        assert watcher_pid(paths) == os.getpid()

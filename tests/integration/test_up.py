@@ -1,0 +1,131 @@
+"""`mallard up`, what `make run` runs: server, demo data, a first pass, the pipeline watcher, the
+Dagster UI and daemon, and Ctrl-C stopping them all. After start-up the watcher runs the passes in
+its warm process; the daemon's sensor sees files land and stands back."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import dagster as dg
+import httpx
+import pytest
+
+from mallard.harness import REPO, free_port
+from mallard.paths import DataPaths
+from orchestration.locks import watcher_pid
+
+pytestmark = pytest.mark.integration
+
+
+def _wait(what: str, ok: Callable[[], object], timeout: float, log: Callable[[], str]) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ok():
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"{what} did not happen within {timeout:.0f} s:\n{log()[-6000:]}")
+
+
+def _sensor_skips(home: Path, sensor: str) -> list[str]:
+    """The skip reasons of the daemon's ticks of one sensor."""
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        return [
+            tick.skip_reason
+            for state in instance.all_instigator_state()
+            if state.name == sensor
+            for tick in instance.get_ticks(state.instigator_origin_id, state.selector_id, limit=50)
+            if tick.skip_reason
+        ]
+
+
+def test_make_run_starts_everything_and_the_watcher_runs_the_passes(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    port, dagster_port = free_port(), free_port()
+    lines: list[str] = []
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mallard.cli", "up", "--data-dir", str(data)]
+        + ["--port", str(port), "--dagster-port", str(dagster_port)],
+        cwd=REPO,
+        env={**os.environ, "DO_NOT_TRACK": "1", "MALLARD_ROLL_INTERVAL_S": "0.5"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout or []), daemon=True)
+    reader.start()
+    paths = DataPaths(data.resolve())
+
+    def log() -> str:
+        logs = sorted(paths.run_dir.glob("*.log")) if paths.run_dir.exists() else []
+        return "".join(lines) + "".join(f"\n--- {p.name}\n{p.read_text()[-3000:]}" for p in logs)
+
+    try:
+        _wait("the start-up banner", lambda: "Press Ctrl-C to stop." in "".join(lines), 420, log)
+        out = "".join(lines)
+        token = re.search(r"auth-token: (\S+)", out)
+        base = re.search(r"curl -s '(\S+)/events/", out)
+        assert token and base and re.search(r"writeKey:\s+\S+", out), out
+        assert f"http://127.0.0.1:{dagster_port}" in out and "pipeline run --watch" in out
+        client = httpx.Client(base_url=base[1], headers={"auth-token": token[1]}, timeout=10)
+
+        # The first pass ran before the banner: the demo customers are served.
+        demo = client.get("/profiles/userId:u-1001/traits")
+        assert demo.status_code == 200 and demo.json()["plan"] == "pro", demo.text
+
+        watcher = int((paths.run_dir / "pipeline-watch.pid").read_text())
+        _wait("the watcher's claim", lambda: watcher_pid(paths) == watcher, 120, log)
+
+        sent = client.post(
+            "/identify", json={"userId": "up-1", "event": "identify", "traits": {"plan": "team"}}
+        )
+        assert sent.status_code == 200, sent.text
+
+        def served() -> bool:
+            r = client.get("/profiles/userId:up-1/traits")
+            return r.status_code == 200 and r.json().get("plan") == "team"
+
+        _wait("the new identify to be served", served, 240, log)
+        watch_log = (paths.run_dir / "pipeline-watch.log").read_text()
+        assert "pass: new landing files" in watch_log and "ok   dbt build" in watch_log, watch_log
+
+        # The daemon's sensor saw the file land and left the pass to the watcher.
+        _wait(
+            "a sensor tick that names the watcher",
+            lambda: any(
+                f"pipeline watcher (pid {watcher})" in reason
+                for reason in _sensor_skips(paths.dagster_home, "landing_files_sensor")
+            ),
+            120,
+            log,
+        )
+        with dg.DagsterInstance.from_config(str(paths.dagster_home)) as instance:
+            runs = instance.get_runs(filters=dg.RunsFilter(job_name="pipeline"))
+        assert len(runs) >= 2  # the first pass and the watcher's, both shown in the UI
+        assert not [r.run_id for r in runs if "dagster/sensor_name" in r.tags]
+
+        children = {
+            name: int((paths.run_dir / f"{name}.pid").read_text())
+            for name in ("server", "pipeline-watch", "dagster-webserver", "dagster-daemon")
+        }
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        assert proc.wait(90) == 0, log()
+        for name, pid in children.items():
+            assert not Path(f"/proc/{pid}").exists(), f"{name} (pid {pid}) still runs"
+        assert watcher_pid(paths) is None
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
