@@ -3,9 +3,10 @@ API, on the pipeline's lake, with the pipeline kept running as a deployment runs
 
     python -m bench.freshness [--full] [--events N] [--customers N] [--mode watch|loop|sensor]
 
-`watch` runs `mallard pipeline run --watch` (one process, a pass whenever files land); `loop`
-runs `mallard pipeline run` back to back, a new process each; `sensor` runs the Dagster daemon
-as `make run` does (the landing-files sensor starts the pipeline job, a new process a run). A
+`watch` runs `mallard pipeline run --watch` (one process, a pass whenever files land), the
+pipeline watcher `make run` starts; `loop` runs `mallard pipeline run` back to back, a new
+process each; `sensor` runs the Dagster daemon alone (the landing-files sensor starts the
+pipeline job, a new process a run), as when no watcher runs. A
 probe identify with a new userId is sent every few seconds through the real collector
 (write-ahead log, roll to landing files); each pending probe's traits are polled until they
 answer 200. Bounded: probes for a fixed time, then a bounded wait for the last ones (those still
@@ -138,7 +139,8 @@ class PipelineWatch(_LongRunning):
 
 
 class SensorDaemon(_LongRunning):
-    """The Dagster daemon with the landing-files sensor, started as `mallard up` starts it."""
+    """The Dagster daemon with the landing-files sensor, started as `mallard up` starts it (no
+    watcher runs here, so the sensor starts the passes)."""
 
     def start(self) -> None:
         env = {
