@@ -54,13 +54,16 @@ class MaintenanceResult:
     snapshots_expired: int
     files_deleted: int
     stats_completed: int = 0  # (file, column) min/max DuckLake left out (_complete_stats)
+    leftovers_dropped: tuple[str, ...] = ()  # dbt's __dbt_tmp/__dbt_backup of interrupted builds
 
     @property
     def summary(self) -> str:
+        dropped = self.leftovers_dropped
         return (
             f"data files {self.files_before} -> {self.files_after}, "
             f"{self.snapshots_expired} snapshots expired, {self.files_deleted} files deleted"
             + _completed(self.stats_completed)
+            + (f", dropped {len(dropped)} leftovers ({', '.join(dropped)})" if dropped else "")
         )
 
 
@@ -385,6 +388,22 @@ def compact_fragmented(paths: DataPaths, at: int | None = None) -> CompactionRes
             conn.close()
 
 
+# The relations dbt renames through while it replaces a table; an interrupted build leaves them.
+_LEFTOVER_SUFFIXES = ("__dbt_tmp", "__dbt_backup")
+
+
+def _drop_leftovers(conn: duckdb.DuckDBPyConnection, tables: list[tuple[str, str]]) -> list[str]:
+    """Drop what an interrupted dbt build left (`x__dbt_backup`, `x__dbt_tmp`): under the build
+    lock no build is using them, and the next build would not drop them unless it replaced the
+    table whole. Returns their names."""
+    dropped = []
+    for schema, table in tables:
+        if table.endswith(_LEFTOVER_SUFFIXES):
+            conn.execute(f'drop table lake."{schema}"."{table}"')
+            dropped.append(f"{schema}.{table}")
+    return dropped
+
+
 def maintain(paths: DataPaths, retention: timedelta = SNAPSHOT_RETENTION) -> MaintenanceResult:
     with build_lock(paths):
         conn = connect(paths)
@@ -395,6 +414,8 @@ def maintain(paths: DataPaths, retention: timedelta = SNAPSHOT_RETENTION) -> Mai
                 " where database_name = 'lake' and schema_name in ?",
                 [list(SCHEMAS)],
             ).fetchall()
+            dropped = _drop_leftovers(conn, tables)
+            tables = [t for t in tables if f"{t[0]}.{t[1]}" not in dropped]
             completed = sum(_compact_table(conn, schema, table) for schema, table in tables)
             after = _live_files(conn)
             cutoff = f"now() - interval '{int(retention.total_seconds())} seconds'"
@@ -404,6 +425,8 @@ def maintain(paths: DataPaths, retention: timedelta = SNAPSHOT_RETENTION) -> Mai
             deleted = conn.execute(
                 f"call ducklake_cleanup_old_files('lake', older_than => {cutoff})"
             ).fetchall()
-            return MaintenanceResult(before, after, len(expired), len(deleted), completed)
+            return MaintenanceResult(
+                before, after, len(expired), len(deleted), completed, tuple(dropped)
+            )
         finally:
             conn.close()

@@ -77,6 +77,38 @@ def test_passes_leave_few_files_and_the_same_rows(tmp_path: Path) -> None:
     )
 
 
+def test_maintenance_drops_what_interrupted_builds_left(tmp_path: Path) -> None:
+    """dbt replaces a table through `x__dbt_tmp` and `x__dbt_backup`; a build killed in between
+    leaves them in the lake, where analysts see them and every maintenance compacted them."""
+    paths = DataPaths(tmp_path)
+    ensure_warehouse(paths)
+    conn = connect(paths)
+    try:
+        for name in ("marts.profiles__dbt_backup", "intermediate.traits__dbt_tmp", "marts.kept"):
+            conn.execute(f"create table lake.{name} as select 1 as x")
+    finally:
+        conn.close()
+    result = maintain(paths)
+    assert result.leftovers_dropped == (
+        "intermediate.traits__dbt_tmp",
+        "marts.profiles__dbt_backup",
+    )
+    assert "dropped 2 leftovers" in result.summary
+    conn = connect(paths, read_only=True)
+    try:
+        names = {
+            f"{s}.{t}"
+            for s, t in conn.execute(
+                "select schema_name, table_name from duckdb_tables() where database_name = 'lake'"
+            ).fetchall()
+        }
+    finally:
+        conn.close()
+    assert "marts.kept" in names
+    assert not {"marts.profiles__dbt_backup", "intermediate.traits__dbt_tmp"} & names
+    assert maintain(paths).leftovers_dropped == ()
+
+
 def test_the_maintenance_job_runs_in_dagster(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
