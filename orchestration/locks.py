@@ -77,7 +77,8 @@ def watcher_lock(paths: DataPaths, wait_s: float = 2.0) -> Iterator[None]:
 
 
 def watcher_pid(paths: DataPaths) -> int | None:
-    """The PID of the live pipeline watcher of this data dir, or None if none runs."""
+    """The PID of the live pipeline watcher of this data dir (-1 in the moment after it took
+    the lock and before it wrote its PID), or None if none runs."""
     try:
         f = open(_watcher_file(paths))  # noqa: SIM115 - closed below, after the probe
     except FileNotFoundError:
