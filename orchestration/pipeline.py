@@ -27,16 +27,22 @@ class StepResult:
     again: bool = False  # work left for another pass (landing files over the per-pass cap)
 
 
-def run_pipeline(data_dir: Path) -> list[StepResult]:
+def _definitions(data_dir: Path) -> dg.Definitions:
+    """The Dagster definitions of the data dir, its environment set for them and for dbt
+    (build_definitions makes the Dagster home)."""
     os.environ["MALLARD_DATA_DIR"] = str(data_dir)
     os.environ["DAGSTER_HOME"] = str(data_dir / "dagster")
     os.environ.setdefault("DAGSTER_DISABLE_TELEMETRY", "1")
-    from orchestration.context import data_paths, ensure_dagster_home
     from orchestration.defs import build_definitions
 
-    ensure_dagster_home(data_paths())
+    return build_definitions()
+
+
+def run_pipeline(data_dir: Path) -> list[StepResult]:
+    from orchestration.context import data_paths
+
     try:
-        defs = build_definitions()
+        defs = _definitions(data_dir)
     except Exception as e:  # a broken dbt project fails here, before any run
         return [StepResult("definitions", False, f"{type(e).__name__}: {e}")]
     job = defs.resolve_job_def("pipeline")
@@ -175,13 +181,7 @@ def watch_pipeline(
 def warm_up(data_dir: Path) -> None:
     """What the first pass of a process would otherwise pay before its first model: Dagster,
     dagster-dbt and dbt imported, the definitions built from the manifest."""
-    os.environ["MALLARD_DATA_DIR"] = str(data_dir)
-    os.environ["DAGSTER_HOME"] = str(data_dir / "dagster")
     import dbt.cli.main  # noqa: F401 - imported for its cost, before the first pass
 
-    from orchestration.context import ensure_dagster_home
-    from orchestration.defs import build_definitions
-
-    ensure_dagster_home(DataPaths(data_dir))
     with contextlib.suppress(Exception):  # a broken project: the first pass reports it
-        build_definitions()
+        _definitions(data_dir)
