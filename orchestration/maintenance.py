@@ -15,6 +15,7 @@ and the lake only grows. Two entry points, both under the build lock, so never d
 from __future__ import annotations
 
 import itertools
+import json
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -41,7 +42,7 @@ SNAPSHOT_RETENTION = timedelta(days=1)
 # tables never reached the threshold of fragments.
 REWRITE_DELETE_THRESHOLD = 0.01
 # The schemas dbt rewrites in place; raw only grows by whole landing files.
-SCHEMAS = ("intermediate", "marts")
+SCHEMAS = ("intermediate", "marts", "state")
 # A delete-free file under this size is merged with its neighbours: half DuckLake's default
 # target file size (512 MB), so the big files of a full build never count as fragments.
 SMALL_FILE_BYTES = 256 * 1024 * 1024
@@ -215,60 +216,59 @@ def _complete_stats(conn: duckdb.DuckDBPyConnection, schema: str, table: str) ->
 
 @dataclass(frozen=True)
 class Fold:
-    """A table that passes append rows to and a view (of the dbt project, where the rule is
-    defined) combines per `key`. With `candidate` (the column telling a key's rows apart), the
-    view picks one row per key: compaction deletes the others. Without, the view merges a key's
-    rows into one: compaction replaces them with it. `unread`: columns the view's ranking does
-    not read, left out of the rows it ranks."""
+    """A table that passes append rows to, and the rule (a DuckDB table macro in its schema,
+    defined once in dbt_project/macros/folds.sql) that combines its rows per `key`. With
+    `candidate` (the column telling a key's rows apart), the rule picks one row per key:
+    compaction deletes the others. Without, the rule merges a key's rows into one: compaction
+    replaces them with it. `unread`: columns the rule does not read, left out of the rows it
+    is given."""
 
-    view: str
+    rule: str
     key: tuple[str, ...]
     candidate: str | None = None
     unread: tuple[str, ...] = ()
 
 
-# Compaction folds these tables before it rewrites their files, so the views combine one row per
-# key again (dbt_project/models/marts: customer_event_objects, customer_identifier_sightings).
-FOLDS = {
-    ("marts", "customer_event_objects"): Fold(
-        "customer_event_winners",
-        ("customer_id", "event_action", "end_of_history"),
-        candidate="event_id",
-        unread=("event_object",),
-    ),
-    ("marts", "customer_identifier_sightings"): Fold(
-        "customer_identifiers", ("customer_id", "account_id", "id_type", "id_value")
-    ),
-}
+def declared_folds(paths: DataPaths) -> dict[tuple[str, str], Fold]:
+    """The folds the dbt project declares (`meta.fold` of a model), by (schema, table), read from
+    the manifest dbt wrote; none before dbt has parsed the project."""
+    try:
+        manifest = json.loads((paths.dbt_target / "manifest.json").read_text())
+    except FileNotFoundError:
+        return {}
+    folds = {}
+    for node in manifest.get("nodes", {}).values():
+        fold = ((node.get("config") or {}).get("meta") or {}).get("fold")
+        if node.get("resource_type") == "model" and fold:
+            folds[(node["schema"], node["alias"])] = Fold(
+                fold["rule"],
+                tuple(fold["key"]),
+                fold.get("candidate"),
+                tuple(fold.get("unread", ())),
+            )
+    return folds
 
 
 def _delete_matching(source: str, match: str) -> str:
     return f"delete from {source} as t where exists (select 1 from fold_out as o where {match})"
 
 
-def fold_candidates(conn: duckdb.DuckDBPyConnection, schema: str, table: str) -> int:
-    """Fold the table (FOLDS); how many rows it deleted. Only the keys with more than one row are
-    combined (found by a hash of the key: a collision only combines a key more), by the view's own
-    SQL over their rows: a filter on the view does not reach below its window or grouping. None
-    before the view is built (a lake of an earlier version, before the pass that builds the
+def fold_candidates(conn: duckdb.DuckDBPyConnection, schema: str, table: str, fold: Fold) -> int:
+    """Fold the table by its rule; how many rows it deleted. Only the keys with more than one row
+    are combined (found by a hash of the key: a collision only combines a key more), by the rule
+    over their rows alone: a filter on the view does not reach below its window or grouping.
+    None before the rule exists (a lake of an earlier version, before the pass that builds the
     views). At 10M messages, ranking every event object key took 9.5 s; finding the keys with
-    more than one and ranking theirs, 3.0 s after one +100k pass (124k losers), 4.9 s after four."""
-    fold = FOLDS.get((schema, table))
-    if fold is None:
-        return 0
+    more than one and ranking theirs, ~3 s after a +100k pass."""
     found = conn.execute(
-        "select sql from duckdb_views() where database_name = 'lake'"
-        " and schema_name = ? and view_name = ?",
-        [schema, fold.view],
+        "select 1 from duckdb_functions() where database_name = 'lake'"
+        " and schema_name = ? and function_name = ? and function_type = 'table_macro'",
+        [schema, fold.rule],
     ).fetchone()
     if not found:
         return 0
     source = f"lake.{schema}.{table}"
-    view_sql = str(found[0])
-    combined = view_sql[view_sql.index(" AS ") + 4 :].rstrip().rstrip(";")
-    if source not in combined:
-        raise RuntimeError(f"view {schema}.{fold.view} does not read {source}: {view_sql[:200]}")
-    combined = combined.replace(source, "fold_rows")
+    combined = f"select * from lake.{schema}.{fold.rule}('fold_rows')"
     key_hash = f"hash({', '.join(fold.key)})"
     conn.execute(
         f"create or replace temp table fold_keys as select {key_hash} as key_hash"
@@ -310,11 +310,14 @@ def fold_candidates(conn: duckdb.DuckDBPyConnection, schema: str, table: str) ->
             conn.execute(f"drop table if exists {temp}")
 
 
-def _compact_table(conn: duckdb.DuckDBPyConnection, schema: str, table: str) -> int:
-    """Fold a table passes append to (FOLDS), rewrite the table's files with deletes
+def _compact_table(
+    conn: duckdb.DuckDBPyConnection, schema: str, table: str, fold: Fold | None
+) -> int:
+    """Fold a table passes append to (its declared Fold), rewrite the table's files with deletes
     into new files, merge small ones, then complete the column stats DuckLake left out; returns
     how many (file, column) stats it completed."""
-    fold_candidates(conn, schema, table)
+    if fold is not None:
+        fold_candidates(conn, schema, table, fold)
     conn.execute(
         "call ducklake_rewrite_data_files('lake', ?, schema => ?, delete_threshold => ?)",
         [table, schema, REWRITE_DELETE_THRESHOLD],
@@ -380,7 +383,8 @@ def compact_fragmented(paths: DataPaths, at: int | None = None) -> CompactionRes
             if not tables:
                 return CompactionResult([], 0, 0, time.perf_counter() - started)
             before = _live_files(conn)
-            completed = sum(_compact_table(conn, s, t) for s, t, _ in tables)
+            folds = declared_folds(paths)
+            completed = sum(_compact_table(conn, s, t, folds.get((s, t))) for s, t, _ in tables)
             after = _live_files(conn)
             seconds = time.perf_counter() - started
             return CompactionResult(tables, before, after, seconds, completed)
@@ -416,7 +420,11 @@ def maintain(paths: DataPaths, retention: timedelta = SNAPSHOT_RETENTION) -> Mai
             ).fetchall()
             dropped = _drop_leftovers(conn, tables)
             tables = [t for t in tables if f"{t[0]}.{t[1]}" not in dropped]
-            completed = sum(_compact_table(conn, schema, table) for schema, table in tables)
+            folds = declared_folds(paths)
+            completed = sum(
+                _compact_table(conn, schema, table, folds.get((schema, table)))
+                for schema, table in tables
+            )
             after = _live_files(conn)
             cutoff = f"now() - interval '{int(retention.total_seconds())} seconds'"
             expired = conn.execute(

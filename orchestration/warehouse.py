@@ -1,4 +1,5 @@
-"""The raw layer of the warehouse: schemas and the two tables only the load asset writes."""
+"""The warehouse's own tables: its schemas, the two raw tables only the load asset writes, and the
+pass manifest only the orchestrator writes."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ import duckdb
 from mallard.paths import DataPaths
 from mallard.warehouse import connect
 
-SCHEMAS = ("raw", "staging", "intermediate", "marts")
+SCHEMAS = ("raw", "staging", "intermediate", "marts", "state")
+# The schemas whose tables the read API and the `customers` view look up by customer: small row
+# groups, LZ4, no inlined rows (below).
+LOOKUP_SCHEMAS = ("marts", "state")
 # The read API fetches one event record or profile by reading the Parquet row group holding it;
 # DuckDB's default (122,880 rows) made that ~40 ms, 4,096 rows ~1 ms (api/index.py).
 MARTS_ROW_GROUP_ROWS = 4096
@@ -47,6 +51,13 @@ create table if not exists lake.raw.landing_files (
     landing_file varchar not null,
     rows bigint not null,
     loaded_at timestamptz not null
+);
+create table if not exists lake.state.pass_manifest (
+    pass_id bigint not null,
+    models_epoch integer not null,
+    loaded_after timestamptz,
+    loaded_through timestamptz,
+    opened_at timestamptz not null
 );
 """
 
@@ -128,17 +139,20 @@ def ensure_warehouse(paths: DataPaths) -> None:
         for schema in SCHEMAS:
             conn.execute(f"create schema if not exists lake.{schema}")
         conn.execute(RAW_DDL)
-        conn.execute(
-            "call lake.set_option('parquet_row_group_size', ?, schema => 'marts')",
-            [MARTS_ROW_GROUP_ROWS],
-        )
-        conn.execute(
-            "call lake.set_option('parquet_compression', ?, schema => 'marts')",
-            [MARTS_COMPRESSION],
-        )
-        # Small inserts and deletes of an incremental pass would otherwise be kept in the
-        # catalog, where the read API's index cannot see them (it reads the Parquet files).
-        conn.execute("call lake.set_option('data_inlining_row_limit', 0, schema => 'marts')")
+        for schema in LOOKUP_SCHEMAS:
+            conn.execute(
+                "call lake.set_option('parquet_row_group_size', ?, schema => ?)",
+                [MARTS_ROW_GROUP_ROWS, schema],
+            )
+            conn.execute(
+                "call lake.set_option('parquet_compression', ?, schema => ?)",
+                [MARTS_COMPRESSION, schema],
+            )
+            # Small inserts and deletes of an incremental pass would otherwise be kept in the
+            # catalog, where the read API's index cannot see them (it reads the Parquet files).
+            conn.execute(
+                "call lake.set_option('data_inlining_row_limit', 0, schema => ?)", [schema]
+            )
     finally:
         conn.close()
     if ensure_wal_catalog(paths) and (identity := _catalog_identity(paths)) is not None:

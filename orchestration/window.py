@@ -1,13 +1,16 @@
-"""The incremental window of a pipeline pass, passed to dbt in environment variables.
+"""The incremental window of a pipeline pass, written as data: a row of `lake.state.pass_manifest`.
 
-A pass takes the messages loaded after the window end of the last pass that finished
-(`lake.marts.freshness.loaded_through`, written last by dbt) up to the newest load committed
-when it begins. A failed pass leaves the freshness row as it was, so the next pass takes the
-failed pass's messages again; the models are idempotent for messages seen twice.
+A pass takes the messages loaded after the window end of the last pass that finished up to the
+newest load committed when it begins. The orchestrator computes that window (`current_window`, a
+pure read of the lake) and opens the pass by appending it to the manifest (`open_pass`) before dbt
+runs; dbt's scope models read the newest row (`int_pass_window`, and through it
+`int_pass_messages` and `int_customers_changed`). The freshness mart, built last, records the
+pass it finished (`pass_id`): a failed pass leaves the row of the pass before, so the next pass
+takes the failed pass's messages again; the models are idempotent for messages seen twice.
 
-Environment variables, not `--vars`: dbt re-parses the whole project when its vars change (1.7 s
-of every pass at 10M messages), while the macros read these only when models run (see
-dbt_project/macros/incremental_window.sql), so partial parsing stays warm.
+A plain `dbt build` (no orchestrator) repeats the newest pass's window, or takes everything on a
+lake without one: correct either way. The window is data, not `--vars`: dbt re-parses the whole
+project when its vars change, while the models read the manifest only when they run.
 """
 
 from __future__ import annotations
@@ -32,31 +35,15 @@ class Window:
     loaded_after: datetime | None  # None: no finished pass yet, take everything
     loaded_through: datetime | None  # None: nothing loaded yet
 
-    def dbt_env(self) -> dict[str, str]:
-        """The window for dbt's environment; a missing bound is empty (the macros' default)."""
-        return {
-            WINDOW_AFTER: _iso(self.loaded_after) if self.loaded_after is not None else "",
-            WINDOW_THROUGH: _iso(self.loaded_through) if self.loaded_through is not None else "",
-        }
-
     def dbt_args(self) -> list[str]:
         """With no finished pass to continue from, every model is built whole (--full-refresh):
         the first pass, or the first after an upgrade whose incremental tables are not known."""
         return [] if self.loaded_after is not None else ["--full-refresh"]
 
 
-WINDOW_AFTER = "MALLARD_LOADED_AFTER"
-WINDOW_THROUGH = "MALLARD_LOADED_THROUGH"
-
-
-def _iso(t: datetime) -> str:
-    # Microseconds kept: loaded_at values of two loads may differ by less than a millisecond.
-    return t.isoformat(timespec="microseconds")
-
-
-def _scalar(conn: duckdb.DuckDBPyConnection, sql: str) -> datetime | None:
+def _scalar(conn: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> Any:
     try:
-        row = conn.execute(sql).fetchone()
+        row = conn.execute(sql, params).fetchone()
     except (duckdb.CatalogException, duckdb.BinderException):  # not built (by this version) yet
         return None
     return row[0] if row else None
@@ -68,20 +55,47 @@ def models_epoch() -> int:
     return int(project["vars"]["mallard__models_epoch"])
 
 
+# The window end of the pass the freshness mart last recorded, if that pass left state of this
+# version of the models.
+_FINISHED_THROUGH = """
+    select manifest.loaded_through
+    from lake.marts.freshness as freshness
+    join lake.state.pass_manifest as manifest on manifest.pass_id = freshness.pass_id
+    where manifest.models_epoch = ?
+"""
+
+
 def current_window(paths: DataPaths) -> Window:
     """A pass continues after the last finished one only if that pass left state of this
     version of the models; otherwise (first pass, or after an upgrade) it builds whole."""
     conn = lake_connection(paths)
     try:
-        after = _scalar(
-            conn,
-            "select max(loaded_through) from lake.marts.freshness"
-            f" where models_epoch = {models_epoch()}",
-        )
-        through = _scalar(conn, "select max(loaded_at) from lake.raw.messages")
+        after = _scalar(conn, _FINISHED_THROUGH, [models_epoch()])
+        through = _scalar(conn, "select max(loaded_at) from lake.raw.messages", [])
     finally:
         conn.close()
     return Window(after, through)
+
+
+def open_pass(paths: DataPaths, window: Window) -> int:
+    """Append the pass's window to the manifest, where the models read it; its pass id. Under
+    the build lock: one pass opens at a time."""
+    conn = lake_connection(paths)
+    try:
+        conn.execute("begin")
+        row = conn.execute("select coalesce(max(pass_id), 0) + 1 from lake.state.pass_manifest")
+        pass_id = int(row.fetchone()[0])  # type: ignore[index]
+        conn.execute(
+            "insert into lake.state.pass_manifest values (?, ?, ?, ?, now())",
+            [pass_id, models_epoch(), window.loaded_after, window.loaded_through],
+        )
+        conn.execute("commit")
+    except BaseException:
+        conn.execute("rollback")
+        raise
+    finally:
+        conn.close()
+    return pass_id
 
 
 # What a pass tests and builds. The first pass after the dbt project changed (its parsed manifest

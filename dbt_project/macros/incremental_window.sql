@@ -1,19 +1,12 @@
 {#
-  The incremental window of a pipeline pass. The orchestrator passes MALLARD_LOADED_AFTER: the
-  `loaded_through` of the last pass that finished (lake.marts.freshness), so a pass takes every
-  message loaded after it. A pass that fails leaves it where it was, and the next pass takes the
-  failed pass's messages again (every incremental model is idempotent for a message seen twice).
-  Without it, an incremental model takes everything: plain `dbt build` stays correct.
-  Environment variables read only while models run (`execute`), not `--vars`: dbt re-parses the
-  whole project whenever its vars change, and records for partial parsing only the environment
-  variables read while parsing.
+  The incremental window of a pipeline pass, as the models see it. The orchestrator appends each
+  pass's window to the pass manifest (lake.state.pass_manifest) before dbt runs; the scope model
+  int_pass_window holds the newest, and pass_window() (materializations/runtime.sql) reads it
+  when a model runs. A pass takes every message loaded after the window end of the last pass that
+  finished; a pass that fails leaves that where it was, and the next pass takes the failed pass's
+  messages again (every incremental model is idempotent for a message seen twice). Without a
+  manifest row an incremental model takes everything: a plain `dbt build` stays correct.
 #}
-
-{# The end of this pass's window (max loaded_at when the pass began) as the orchestrator gave
-   it; empty without (a plain `dbt build`). #}
-{% macro loaded_through() -%}
-    {{- env_var('MALLARD_LOADED_THROUGH', '') if execute else '' -}}
-{%- endmacro %}
 
 {# The end of this pass's window as a SQL timestamptz; now() without one. #}
 {% macro pass_through() -%}
@@ -91,9 +84,24 @@
     {%- endif -%}
 {%- endmacro %}
 
-{# The messages a pass rewrote, for models with rows per message (strategy replace_messages). #}
-{% macro where_rewritten() -%}
-    where {% if is_incremental() %}{{ in_window('pass_through') }}{% else %}true{% endif %}
+{#
+  The input of the two incremental patterns, as scope models. A per-message model reads
+  pass_messages(): the messages the pass writes again (int_pass_messages) on an incremental run,
+  every message (int_messages_identified) on a build from scratch. A per-customer model rebuilt
+  from its customers' messages reads pass_customer_messages(): every message of the customers
+  the pass changes (int_pass_customer_messages), or every message. Both refs are taken whatever
+  the mode, so dbt knows the model depends on both.
+#}
+{% macro pass_messages() -%}
+    {%- set scoped = ref('int_pass_messages') -%}
+    {%- set everything = ref('int_messages_identified') -%}
+    {{- scoped if is_incremental() else everything -}}
+{%- endmacro %}
+
+{% macro pass_customer_messages() -%}
+    {%- set scoped = ref('int_pass_customer_messages') -%}
+    {%- set everything = ref('int_messages_identified') -%}
+    {{- scoped if is_incremental() else everything -}}
 {%- endmacro %}
 
 {#
@@ -118,7 +126,7 @@
 {%- endmacro %}
 
 {#
-  The column of a per-customer model (strategy replace_customers) that says which pass wrote the
+  The column of a per-customer model (strategy per_customer) that says which pass wrote the
   row: its window end (see where_customer_changed(rewritten=true)). Appended to stored tables of
   an earlier version by `on_schema_change='append_new_columns'` (null there: not this pass).
 #}
@@ -129,7 +137,7 @@
 {#
   The rows of a per-customer input for every customer a pass changes (all on a full build).
   rewritten=true: the input is a per-customer model this pass already ran (strategy
-  replace_customers), which wrote every row of every changed customer again, each with this
+  per_customer), which wrote every row of every changed customer again, each with this
   pass's window end (written_by_pass()). Its changed customers' rows are then those of
   `pass_through = this pass`, a plain comparison DuckDB answers from the files' min/max: it reads
   the few files the pass wrote, not every file of the table (at 10M messages, a pass's 94k of 1M
@@ -193,27 +201,21 @@
 {%- endmacro %}
 
 {#
-  Incremental strategy `replace_customers`: delete every row of the changed customers, then insert
-  the rows the model computed for them. The deletion set is the changed customers, not the new
-  rows, so a customer that is gone (a visitor now attributed to the user it identified as) leaves
-  no rows behind.
-  With `appends_candidates` (a table of candidates or partial aggregates a pass appends, which a
-  view combines: customer_event_objects, customer_identifier_sightings): delete every row of the
-  customers rebuilt, and, with `message_column` set, the rows of the messages the pass wrote
-  again that were stored before (int_messages_identified.restated; their keys in a temp table,
-  see keys_exist: with none, almost every pass, the target is not scanned), then insert. Other
-  customers keep their rows: the pass's own are combined with them.
+  The deletion half of the per-customer pattern: every row of the changed customers, so a
+  customer that is gone (a visitor now attributed to the user it identified as) leaves no rows
+  behind. For a table of candidates a pass appends and a view combines (config
+  `appends_candidates`: the event candidates, the identifier sightings): only the rows of the
+  customers rebuilt, and, with `message_column`, the rows of the messages the pass writes again
+  that were stored before (int_messages_identified.restated; their keys in a temp table, see
+  keys_exist: with none, almost every pass, the target is not scanned). Other customers keep
+  their rows: the pass's own are combined with them.
 #}
 {% macro delete_changed_customers(relation, appends_candidates=false, message_column=none) -%}
     {%- set changed = ref('int_customers_changed') %}
     {%- if appends_candidates %}
     {%- if message_column %}
-    {%- set restated -%}
-    select event_id as {{ message_column }} from {{ ref('int_messages_identified') }}
-    where {{ in_window('pass_through') }} and restated
-    {%- endset %}
     {{ delete_keyed_rows(relation, '"' ~ relation.identifier ~ '__restated"', [message_column],
-        restated) }};
+        restated_messages(message_column)) }};
     {%- endif %}
     delete from {{ relation }} as target
     where customer_id in (select customer_id from {{ changed }} where rebuild)
@@ -232,50 +234,54 @@
     insert into {{ target }} by name select * from {{ computed }}
 {%- endmacro %}
 
-{% macro get_incremental_replace_customers_sql(arg_dict) -%}
+{# Incremental strategy `per_customer`: the rows of every customer the pass changes replaced by
+   the rows the model computed for them (replace_changed_customers). #}
+{% macro get_incremental_per_customer_sql(arg_dict) -%}
     {{ replace_changed_customers(
         arg_dict['target_relation'], arg_dict['temp_relation'],
         config.get('appends_candidates', false), config.get('message_column')
     ) }}
 {%- endmacro %}
 
-{#
-  Incremental strategy `replace_messages`, for models with rows per message: delete the rows of
-  every message the pass rewrote (its copy or its customer may have changed) that were there
-  before it (int_messages_identified.restated: a message new to the warehouse has none), then
-  insert the rows the model computed for them. A model whose rows also carry the customer's
-  email (events) sets `replace_email_changed`: the rows of every customer whose email changed
-  are replaced too, by a delete of its own: joined by `or`, one delete scanned the target even
-  with neither set (0.31 s at 10M events, against 0.03 s for the two). With both, two scans cost
-  more (1.15-1.40 s against 0.87-1.28 s, when every rewritten message was deleted).
-#}
-{% macro get_incremental_replace_messages_sql(arg_dict) -%}
-    {%- set rewritten -%}
-    select account_id, message_id from {{ ref('int_messages_identified') }}
+{# The keys (`columns`, named as in int_messages_identified) of the messages the pass writes again
+   that were stored before it (int_messages_identified.restated): a message new to the warehouse
+   has no rows anywhere yet. #}
+{% macro restated_messages(columns) -%}
+    {%- set columns = [columns] if columns is string else columns -%}
+    select {{ columns | join(', ') }}
+    from {{ ref('int_messages_identified') }}
     where {{ in_window('pass_through') }} and restated
+{%- endmacro %}
+
+{#
+  Incremental strategy `per_message`, for models with rows per message (`unique_key` account_id
+  and message_id): delete the rows of every message the pass writes again that were there before
+  it (restated_messages(): its copy or its customer may have changed), then insert the rows the
+  model computed. Two settings serve the models the pass's scope is made from:
+  - `restated_column`: the computed rows flag themselves the keys whose stored rows they replace
+    (int_messages_deduped, int_messages_identified, upstream of `restated`); only those are
+    deleted, where dbt's delete+insert read the keys of every stored message (0.18 s at 10M).
+  - `replace_email_changed`: the model's rows carry the customer's email (events), so the rows
+    of every customer whose email the pass changed are replaced too, by a delete of its own
+    (joined by `or`, one delete scanned the target even with neither set).
+#}
+{% macro get_incremental_per_message_sql(arg_dict) -%}
+    {%- set key = arg_dict['unique_key'] -%}
+    {%- set key = [key] if key is string else key -%}
+    {%- if config.get('restated_column') -%}
+    {%- set rewritten -%}
+    select {{ key | join(', ') }} from {{ arg_dict['temp_relation'] }}
+    where {{ config.get('restated_column') }}
     {%- endset -%}
+    {%- else -%}
+    {%- set rewritten = restated_messages(key) -%}
+    {%- endif -%}
     {#- Rendered only when set: email_changed_customers() refs int_customer_traits. -#}
     {%- set email_changed = none -%}
     {%- if config.get('replace_email_changed') -%}
     {%- set email_changed = 'customer_id in (' ~ email_changed_customers() ~ ')' -%}
     {%- endif -%}
-    {{ replace_keyed_rows(arg_dict, ['account_id', 'message_id'], rewritten, email_changed) }}
-{%- endmacro %}
-
-{#
-  Incremental strategy `replace_stored`, for a model whose new rows rarely replace stored ones and
-  that flags those that do (config `replaces_column`): delete the stored rows of the flagged keys
-  (`unique_key`) only, then insert every computed row. Where dbt's delete+insert read the keys of
-  every stored message of int_messages_deduped for it (0.18 s at 10M messages).
-#}
-{% macro get_incremental_replace_stored_sql(arg_dict) -%}
-    {%- set key = arg_dict['unique_key'] -%}
-    {%- set key = [key] if key is string else key -%}
-    {%- set flagged -%}
-    select {{ key | join(', ') }} from {{ arg_dict['temp_relation'] }}
-    where {{ config.require('replaces_column') }}
-    {%- endset -%}
-    {{ replace_keyed_rows(arg_dict, key, flagged) }}
+    {{ replace_keyed_rows(arg_dict, key, rewritten, email_changed) }}
 {%- endmacro %}
 
 {#

@@ -7,7 +7,7 @@
   - first build or --full-refresh: every customer, into a new table that replaces the old one
     at commit;
   - later passes: the changed customers' rows are computed (folding into their stored rows),
-    then the stored rows deleted and the new ones inserted (as the `replace_customers` strategy
+    then the stored rows deleted and the new ones inserted (as the `per_customer` strategy
     of the incremental models does); usually one chunk, more when a pass changes many customers
     (a backfill, a plain `dbt build` without a window).
   `commit_with`: on a pass, this model's rows are written by the commit of the model named there

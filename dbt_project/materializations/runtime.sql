@@ -5,11 +5,46 @@
   used: macros/incremental_window.sql.
 #}
 
-{% macro loaded_after() -%}
-    {%- if execute -%}
-        {{ return(env_var('MALLARD_LOADED_AFTER', '') or none) }}
+{#
+  The window of the pass being built, from the scope model int_pass_window: {'after': ISO text
+  or none, 'through': ISO text or none}. Read once per model: the first call stores it in the
+  model's context. Found through the graph, not `ref`: tests call it too (test_scope.sql), and a
+  ref taken only at run time is one dbt did not record. The models that need the window first
+  (int_messages_deduped, int_identity_map) ref int_pass_window, so it is built before them.
+  Before int_pass_window exists (a first build's compile), no bounds: every message.
+#}
+{% macro pass_window() -%}
+    {%- if not execute -%}
+        {{ return({'after': none, 'through': none}) }}
     {%- endif -%}
-    {{ return(none) }}
+    {%- if model is mapping and 'mallard_pass_window' in model -%}
+        {{ return(model['mallard_pass_window']) }}
+    {%- endif -%}
+    {%- set node = graph.nodes.values()
+        | selectattr('resource_type', 'equalto', 'model')
+        | selectattr('name', 'equalto', 'int_pass_window') | first -%}
+    {%- set relation = adapter.get_relation(node.database, node.schema, node.alias) -%}
+    {%- set window = {'after': none, 'through': none} -%}
+    {%- if relation is not none -%}
+        {%- set iso = "strftime(timezone('UTC', {}), '%Y-%m-%dT%H:%M:%S.%f+00:00')" -%}
+        {%- set row = run_query(
+            'select ' ~ iso.format('loaded_after') ~ ', ' ~ iso.format('loaded_through')
+            ~ ' from ' ~ relation
+        ).rows[0] -%}
+        {%- do window.update({'after': row[0], 'through': row[1]}) -%}
+    {%- endif -%}
+    {%- if model is mapping -%}
+        {%- do model.update({'mallard_pass_window': window}) -%}
+    {%- endif -%}
+    {{ return(window) }}
+{%- endmacro %}
+
+{% macro loaded_after() -%}
+    {{ return(pass_window()['after']) }}
+{%- endmacro %}
+
+{% macro loaded_through() -%}
+    {{ return(pass_window()['through']) }}
 {%- endmacro %}
 
 {% macro merging() -%}

@@ -44,7 +44,7 @@ from mallard.warehouse import connect
 from orchestration.context import DBT_DIR, dbt_env
 from orchestration.load import load_new_files
 from orchestration.maintenance import compact_fragmented
-from orchestration.window import current_window
+from orchestration.window import current_window, open_pass
 
 N_STREAMS = 24
 N_SLICES = 4
@@ -332,6 +332,8 @@ MARTS = {
     "customer_preferences": ("marketing_preferences", "state"),
     "duplicates": (),
 }
+# The tables above that are no marts (schema `state`: what passes keep for themselves).
+STATE_VIEWS = {"customer_event_winners": "state"}
 # The per-customer state passes fold into, compared too: a row a pass leaves behind there (of a
 # customer rebuilt, or a key it no longer has) shows in no mart until a later pass folds it in.
 # Without `pass_through`, which says which pass wrote a row.
@@ -347,7 +349,7 @@ def read_marts(data_dir: Path) -> dict[str, list[dict[str, Any]]]:
     conn = connect(DataPaths(data_dir), read_only=True)
     try:
         out = {}
-        sources = {f"marts.{t}": ("*", cols) for t, cols in MARTS.items()}
+        sources = {f"{STATE_VIEWS.get(t, 'marts')}.{t}": ("*", cols) for t, cols in MARTS.items()}
         sources |= {f"intermediate.{t}": (select, ()) for t, select in STATE.items()}
         for table, (select, json_cols) in sources.items():
             cur = conn.execute(f"select {select} from lake.{table}")
@@ -387,7 +389,7 @@ CHUNKED = {"MALLARD_CUSTOMERS_PER_CHUNK": "25"}
 # also fold into tables compaction rewrote (at scale, 8: MALLARD_COMPACT_AT_FILES).
 COMPACT_EARLY = {"MALLARD_COMPACT_AT_FILES": "2"}
 NO_COMPACTION = {"MALLARD_COMPACT_AT_FILES": "0"}
-# The tables passes append to, and the view that combines each (orchestration/maintenance.py FOLDS).
+# The tables passes append to, and the view that combines each by its fold rule (`meta.fold`).
 FOLDED = {
     "customer_event_objects": "customer_event_winners",
     "customer_identifier_sightings": "customer_identifiers",
@@ -408,6 +410,9 @@ def interrupted_pass(data_dir: Path, select: str) -> None:
     load_new_files(paths)
     window = current_window(paths)
     assert window.loaded_after is not None, "an incremental pass, not the first one"
+    # What the orchestrator does before dbt: the window into the pass manifest. dbt itself runs
+    # as an analyst would run it, with nothing but the project's environment.
+    open_pass(paths, window)
     subprocess.run(
         [
             str(Path(sys.executable).parent / "dbt"),
@@ -426,7 +431,7 @@ def interrupted_pass(data_dir: Path, select: str) -> None:
         ],
         check=True,
         capture_output=True,
-        env={**os.environ, **dbt_env(paths), **window.dbt_env(), **CHUNKED},
+        env={**os.environ, **dbt_env(paths), **CHUNKED},
         timeout=600,
     )
 
@@ -472,10 +477,10 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
         compacted += [line for line in out.splitlines() if " compact: " in line]
         after.append(read_marts(inc))
         for table in FOLDED:
-            appended[table].append(len(read_table(inc, f"marts.{table}")))
+            appended[table].append(len(read_table(inc, f"state.{table}")))
 
     compact_fragmented(DataPaths(inc), at=1)
-    folded = {table: read_table(inc, f"marts.{table}") for table in FOLDED}
+    folded = {table: read_table(inc, f"state.{table}") for table in FOLDED}
 
     full = tmp_path_factory.mktemp("full")
     init_data_dir(full)
@@ -490,7 +495,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
         read_marts(full),
         appended,
         folded,
-        {table: read_table(full, f"marts.{table}") for table in FOLDED},
+        {table: read_table(full, f"state.{table}") for table in FOLDED},
     )
 
 

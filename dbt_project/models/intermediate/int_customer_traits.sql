@@ -14,7 +14,7 @@
 {{
     config(
         materialized='incremental',
-        incremental_strategy='replace_customers',
+        incremental_strategy='per_customer',
         on_schema_change='append_new_columns',
         unique_key='customer_id',
     )

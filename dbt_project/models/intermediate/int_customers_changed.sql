@@ -7,13 +7,13 @@
 -- kept (`pass_through` in the window) and they are rebuilt. On a full build: every customer.
 {%- set stored = adapter.get_relation(this.database, this.schema, this.table)
     if execute and loaded_after() and not should_full_refresh() else none %}
+-- depends_on: {{ ref('int_pass_window') }}
 with messages as (
     select
         customer_id,
         previous_customer_id,
         replaces_stored
-    from {{ ref('int_messages_identified') }}
-    where {{ in_window('pass_through') }}
+    from {{ ref('int_pass_messages') }}
 ),
 
 rebuilt as (

@@ -4,17 +4,20 @@
 -- along (30 s vs 19 s for 1M messages).
 -- Incrementally, a newly loaded copy is kept only if no stored winner of its key came first;
 -- it replaces a stored winner that a copy loaded later beats (two collectors land files out of
--- receipt order); `replaces_stored` marks that (strategy replace_stored deletes only those), and
+-- receipt order); `replaces_stored` marks that (strategy per_message deletes only those), and
 -- the customer the replaced copy counted for is rebuilt rather than merged
 -- (int_customers_changed).
 {{
     config(
         materialized='incremental',
-        incremental_strategy='replace_stored',
-        replaces_column='replaces_stored',
+        incremental_strategy='per_message',
+        restated_column='replaces_stored',
         unique_key=['account_id', 'message_id'],
     )
 }}
+
+-- The pass's window (macro pass_window()): built before the first model that reads it.
+-- depends_on: {{ ref('int_pass_window') }}
 
 -- The whole message JSON stays in raw.messages (and stg_messages); the models use its parsed parts,
 -- and carrying it doubled the size of this table and int_messages_identified.

@@ -8,8 +8,8 @@
 {{
     config(
         materialized='incremental',
-        incremental_strategy='replace_stored',
-        replaces_column='restated',
+        incremental_strategy='per_message',
+        restated_column='restated',
         unique_key=['account_id', 'message_id'],
     )
 }}
@@ -143,7 +143,7 @@ final as (
         {%- endif %} as previous_customer_id,
         -- Stored before this pass (attributed again, a replaced copy, or written by a pass that
         -- died): only such a message can have rows here and in the models built from it, so
-        -- only theirs are deleted (strategies replace_stored and replace_messages).
+        -- only theirs are deleted (strategy per_message).
         {% if is_incremental() -%}
         stored.message_id is not null
         {%- else -%}

@@ -7,7 +7,7 @@
 {{
     config(
         materialized='incremental',
-        incremental_strategy='replace_messages',
+        incremental_strategy='per_message',
         unique_key=['account_id', 'message_id'],
     )
 }}
@@ -27,10 +27,9 @@ with messages as (
         properties,
         traits,
         pass_through
-    from {{ ref('int_messages_identified') }}
-    {{ where_rewritten() }}
+    from {{ pass_messages() }}
     -- Only the messages that can carry a change: a cheap filter before the JSON is read.
-    and type in ('track', 'identify')
+    where type in ('track', 'identify')
 ),
 
 updates as (

@@ -4,14 +4,13 @@
 {{
     config(
         materialized='incremental',
-        incremental_strategy='replace_messages',
+        incremental_strategy='per_message',
         unique_key=['account_id', 'message_id'],
     )
 }}
 
 with messages as (
-    select * from {{ ref('int_messages_identified') }}
-    {{ where_rewritten() }}
+    select * from {{ pass_messages() }}
 ),
 
 identifies as (

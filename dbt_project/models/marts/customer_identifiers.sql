@@ -1,12 +1,17 @@
 -- One row per (served customer, identifier type, identifier): every userId, anonymousId and email
 -- a served customer has been seen with, with first and last seen times. The mapping of
--- identifiers to customers (issue 5). A view: the min and max over the identifier's sightings in
--- customer_identifier_sightings (one row each once compaction has merged them). A lookup by
--- customer_id or by identifier reaches the scan.
-{{ config(materialized='view') }}
+-- identifiers to customers. A view: fold rule identifier_spans (macros/folds.sql) over the
+-- sightings in customer_identifier_sightings (one row each once compaction has merged them). A
+-- lookup by customer_id or by identifier reaches the scan.
+{{
+    config(
+        materialized='view',
+        pre_hook="{{ define_fold_rule('identifier_spans', identifier_spans_rule()) }}",
+    )
+}}
 
-with sightings as (
-    select * from {{ ref('customer_identifier_sightings') }}
+with spans as (
+    select * from {{ fold_rule('identifier_spans', ref('customer_identifier_sightings')) }}
 ),
 
 final as (
@@ -15,10 +20,9 @@ final as (
         account_id,
         id_type,
         id_value,
-        min(first_seen) as first_seen,
-        max(last_seen) as last_seen
-    from sightings
-    group by customer_id, account_id, id_type, id_value
+        first_seen,
+        last_seen
+    from spans
 )
 
 select * from final

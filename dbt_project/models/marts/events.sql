@@ -7,7 +7,7 @@
 {{
     config(
         materialized='incremental',
-        incremental_strategy='replace_messages',
+        incremental_strategy='per_message',
         unique_key=['account_id', 'message_id'],
         replace_email_changed=true,
     )
@@ -15,8 +15,7 @@
 
 -- Two selects, not one `or`: see merge_input() in macros/incremental_window.sql.
 with messages as (
-    select * from {{ ref('int_messages_identified') }}
-    {{ where_rewritten() }}
+    select * from {{ pass_messages() }}
     {% if is_incremental() -%}
     {{ set_hash_bits('mallard_email_changed_bits', email_changed_customers()) }}
     union all

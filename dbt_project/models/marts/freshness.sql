@@ -1,6 +1,6 @@
--- One row: when the marts were built, the newest receipt they reflect, and the end of the load
--- window this pass took (`loaded_through`): the orchestrator starts the next pass after it, if
--- the models' state is of the same `models_epoch` (dbt_project.yml).
+-- One row: when the marts were built, the newest receipt they reflect, how many messages they
+-- hold, and the pass that built them (`pass_id`, its window in lake.state.pass_manifest): the
+-- orchestrator starts the next pass after that window.
 -- Built last (it depends on every served mart), so a pass that fails anywhere leaves the
 -- previous row, and the next pass takes the failed pass's messages again.
 -- depends_on: {{ ref('events') }}, {{ ref('customers') }}, {{ ref('customer_profiles') }},
@@ -10,14 +10,18 @@ with messages as (
     select * from {{ ref('stg_messages') }}
 ),
 
+pass_window as (
+    select * from {{ ref('int_pass_window') }}
+),
+
 final as (
     select
         now() as built_at,
-        max(received_at) as data_through,
+        max(messages.received_at) as data_through,
         count(*) as messages,
-        {{ pass_through() }} as loaded_through,
-        {{ var('mallard__models_epoch') }} as models_epoch
+        any_value(pass_window.pass_id) as pass_id
     from messages
+    cross join pass_window
 )
 
 select * from final

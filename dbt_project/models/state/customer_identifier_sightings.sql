@@ -12,7 +12,7 @@
 {{
     config(
         materialized='incremental',
-        incremental_strategy='replace_customers',
+        incremental_strategy='per_customer',
         appends_candidates=true,
         on_schema_change='append_new_columns',
         unique_key='customer_id',

@@ -1,4 +1,4 @@
-"""The incremental window the orchestrator passes to dbt, and where it reads it from."""
+"""The incremental window the orchestrator writes to the pass manifest, and where it reads it from."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+import duckdb
 from dagster_dbt.asset_utils import extract_runtime_selection_from_args
 
 from mallard.paths import DataPaths
@@ -17,13 +19,12 @@ from orchestration.context import DBT_DIR, dbt_env
 from orchestration.load import load_new_files
 from orchestration.warehouse import ensure_warehouse
 from orchestration.window import (
-    WINDOW_AFTER,
-    WINDOW_THROUGH,
     Window,
     current_window,
     dbt_build_args,
     full_tests_due,
     models_epoch,
+    open_pass,
     record_full_tests_passed,
 )
 from tests.unit.orchestration.test_load import write_landing
@@ -34,25 +35,22 @@ T2 = datetime(2026, 1, 1, 12, 0, 0, 123457, tzinfo=UTC)
 
 def test_first_pass_builds_whole() -> None:
     assert Window(None, None).dbt_args() == ["--full-refresh"]
-    assert Window(None, None).dbt_env() == {WINDOW_AFTER: "", WINDOW_THROUGH: ""}
     assert Window(None, T1).dbt_args() == ["--full-refresh"]
-    assert Window(None, T1).dbt_env() == {
-        WINDOW_AFTER: "",
-        WINDOW_THROUGH: "2026-01-01T12:00:00.123456+00:00",
-    }
 
 
 def test_later_passes_take_what_loaded_after_the_last_finished_one() -> None:
     # No --vars: a change of vars makes dbt parse the whole project again.
     assert Window(T1, T2).dbt_args() == []
-    # Microseconds survive: two loads can be less than a millisecond apart.
-    assert Window(T1, T2).dbt_env() == {
-        WINDOW_AFTER: "2026-01-01T12:00:00.123456+00:00",
-        WINDOW_THROUGH: "2026-01-01T12:00:00.123457+00:00",
-    }
 
 
-def test_window_comes_from_the_freshness_row_and_the_newest_load(tmp_path: Path) -> None:
+def _manifest(conn: duckdb.DuckDBPyConnection) -> list[tuple[Any, ...]]:
+    return conn.execute(
+        "select pass_id, models_epoch, loaded_after, loaded_through"
+        " from lake.state.pass_manifest order by pass_id"
+    ).fetchall()
+
+
+def test_window_comes_from_the_finished_pass_and_the_newest_load(tmp_path: Path) -> None:
     paths = DataPaths(tmp_path)
     ensure_warehouse(paths)
     assert current_window(paths) == Window(None, None)  # nothing loaded, nothing built
@@ -64,21 +62,22 @@ def test_window_comes_from_the_freshness_row_and_the_newest_load(tmp_path: Path)
         row = conn.execute("select max(loaded_at) from lake.raw.messages").fetchone()
         loaded = row[0] if row else None
         assert current_window(paths) == Window(None, loaded)
-        # A freshness row of an older build (no loaded_through) is no finished pass either.
-        conn.execute("create table lake.marts.freshness as select now() as built_at")
+        # Passes opened (the manifest) but none finished (no freshness row names one).
+        assert open_pass(paths, Window(None, T1)) == 1
+        assert open_pass(paths, Window(T1, T2)) == 2
+        assert _manifest(conn) == [(1, models_epoch(), None, T1), (2, models_epoch(), T1, T2)]
         assert current_window(paths) == Window(None, loaded)
-        conn.execute("drop table lake.marts.freshness")
+        # The freshness mart names the pass that built it: the next one starts after its window.
+        conn.execute("create table lake.marts.freshness as select now() as built_at, 1 as pass_id")
+        assert current_window(paths) == Window(T1, loaded)
         # State of older models (an upgrade changed them): build whole once.
-        conn.execute(
-            "create table lake.marts.freshness as"
-            " select ?::timestamptz as loaded_through, ? as models_epoch",
-            [T1, models_epoch() - 1],
-        )
+        conn.execute("update lake.state.pass_manifest set models_epoch = models_epoch - 1")
         assert current_window(paths) == Window(None, loaded)
-        conn.execute("update lake.marts.freshness set models_epoch = ?", [models_epoch()])
+        conn.execute("update lake.state.pass_manifest set models_epoch = models_epoch + 1")
+        conn.execute("update lake.marts.freshness set pass_id = 2")
     finally:
         conn.close()
-    assert current_window(paths) == Window(T1, loaded)
+    assert current_window(paths) == Window(T2, loaded)
 
 
 def test_every_test_runs_again_only_when_the_project_changed(tmp_path: Path) -> None:
@@ -163,6 +162,8 @@ def test_other_passes_run_the_marts_data_tests_only(tmp_path: Path) -> None:
 
     views = {
         "stg_messages",
+        "stg_pass_manifest",
+        "int_pass_window",
         "customers",
         "customer_preferences",
         "customer_event_winners",
