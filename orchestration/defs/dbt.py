@@ -21,6 +21,7 @@ from orchestration.dbt_in_process import in_process_dbt
 from orchestration.locks import build_lock
 from orchestration.window import (
     current_window,
+    open_pass,
     dbt_build_args,
     full_tests_due,
     record_full_tests_passed,
@@ -104,8 +105,8 @@ def build_dbt_assets() -> tuple[Any, DbtCliResource]:
         with build_lock(paths):
             window = current_window(paths)
             full_tests = full_tests_due(paths.dbt_target)
-            context.log.info(f"incremental window: {window}; every test: {full_tests}")
-            os.environ.update(window.dbt_env())
+            pass_id = open_pass(paths, window)  # the models' scope: the manifest's newest row
+            context.log.info(f"pass {pass_id}: {window}; every test: {full_tests}")
             # A fixed target dir keeps partial parsing warm between runs (one build at a time).
             yield from dbt.cli(
                 dbt_build_args(window, full_tests), context=context, target_path=paths.dbt_target
