@@ -84,13 +84,21 @@
     {%- endif -%}
 {%- endmacro %}
 
+{# The messages a pass rewrote, for models with rows per message (strategy per_message); all of
+   them on a build from scratch. #}
+{% macro where_rewritten() -%}
+    where {% if is_incremental() %}{{ in_window('pass_through') }}{% else %}true{% endif %}
+{%- endmacro %}
+
 {#
   The input of the two incremental patterns, as scope models. A per-message model reads
   pass_messages(): the messages the pass writes again (int_pass_messages) on an incremental run,
   every message (int_messages_identified) on a build from scratch. A per-customer model rebuilt
   from its customers' messages reads pass_customer_messages(): every message of the customers
   the pass changes (int_pass_customer_messages), or every message. Both refs are taken whatever
-  the mode, so dbt knows the model depends on both.
+  the mode, so dbt knows the model depends on both (a unit test of such a model gives both).
+  The project's own models read int_messages_identified through where_rewritten() and fold
+  (merge_input): the same scope, without an ephemeral input their unit tests would have to give.
 #}
 {% macro pass_messages() -%}
     {%- set scoped = ref('int_pass_messages') -%}

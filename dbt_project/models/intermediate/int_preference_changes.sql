@@ -27,9 +27,10 @@ with messages as (
         properties,
         traits,
         pass_through
-    from {{ pass_messages() }}
+    from {{ ref('int_messages_identified') }}
+    {{ where_rewritten() }}
     -- Only the messages that can carry a change: a cheap filter before the JSON is read.
-    where type in ('track', 'identify')
+    and type in ('track', 'identify')
 ),
 
 updates as (

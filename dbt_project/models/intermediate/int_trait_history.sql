@@ -10,7 +10,8 @@
 }}
 
 with messages as (
-    select * from {{ pass_messages() }}
+    select * from {{ ref('int_messages_identified') }}
+    {{ where_rewritten() }}
 ),
 
 identifies as (

@@ -15,7 +15,8 @@
 
 -- Two selects, not one `or`: see merge_input() in macros/incremental_window.sql.
 with messages as (
-    select * from {{ pass_messages() }}
+    select * from {{ ref('int_messages_identified') }}
+    {{ where_rewritten() }}
     {% if is_incremental() -%}
     {{ set_hash_bits('mallard_email_changed_bits', email_changed_customers()) }}
     union all
