@@ -3,12 +3,11 @@
 An events page is the API's heaviest read (~2-10 ms of Python, numpy and Parquet decoding);
 traits by userId are its lightest (~60 us in memory). In one process the two share a GIL, and a
 traits answer waits behind a page for the interpreter. At 10M events, 2 connections of traits and
-pages mixed next to a CPU-bound SCHED_IDLE process (as a pipeline pass is), traits p99 was
-5.14/5.72 ms with pages in the API process and 3.69/3.81 ms with pages in another process
-(2026-11-24, /tmp/exp/s20/split.py). The events index's updates (1.5-2.6 s of a pass's index
-update at 10M) also leave the API process.
+pages mixed next to a CPU-bound SCHED_IDLE process (as a pipeline pass is), traits p99 is ~40%
+longer with pages in the API process than with pages in another process. The events index's
+updates (1.5-2.6 s of a pass's index update at 10M) also leave the API process.
 
-The API process (Warehouse, api/service.py) still decides what is served: it lists a snapshot's
+The API process (Warehouse, api/service/) still decides what is served: it lists a snapshot's
 files, builds the customers index itself while this process builds the events index of the same
 snapshot, and asks for a page by the events files' key. A page this process cannot answer (it
 died, was restarted, or dropped that index) raises PagesLost: the API answers from SQL and
@@ -38,7 +37,8 @@ from typing import Any
 
 import duckdb
 
-from api.index import EventIndex, Files
+from api.index.ducklake_format import Files
+from api.index.events import EventIndex
 from api.params import EventQuery
 from mallard.priority import yield_cpu
 

@@ -25,17 +25,15 @@ import json
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from api.marts import CUSTOMER_PREFERENCES, EVENTS, at
 from api.service import Snapshot, Warehouse
 from collector.messages import Tenant, stamp, validate
 from collector.routes import decode_object
 from mallard.errors import InvalidRequest, NotFound
 from mallard.preferences import CHANNELS, Choices
 from mallard.tenancy import ControlStore
-
-if TYPE_CHECKING:
-    from api.preferences_journal import PreferencesJournal
 
 SUBSCRIPTION_ID = re.compile(r"[0-9a-f]{64}")
 UPDATE_FIELDS = ("categories", "channels", "unsubscribeAll", "unsubscribeReason")
@@ -225,10 +223,21 @@ def changes_of(stored: dict[str, Any]) -> list[Change]:
     return out
 
 
+class Journal(Protocol):
+    """Changes this server accepted, until the snapshot a reader uses has them (the SQLite one:
+    api/preferences_journal.py, which stores this module's Changes)."""
+
+    def add(self, customer_id: str, event_id: str, changes: list[Change]) -> None: ...
+
+    def pending(self, customer_id: str, version: int) -> dict[str, list[Change]]: ...
+
+    def mark_loaded(self, event_ids: list[str], version: int) -> None: ...
+
+
 class Preferences:
     """Reads and writes preferences: the warehouse, the journal and the brand's choices."""
 
-    def __init__(self, warehouse: Warehouse, journal: PreferencesJournal) -> None:
+    def __init__(self, warehouse: Warehouse, journal: Journal) -> None:
         self.warehouse = warehouse
         self.journal = journal
         self._checked: dict[str, int] = {}  # customer id -> snapshot last checked for loads
@@ -243,7 +252,7 @@ class Preferences:
             raise NotFound("unknown subscription id")
         rows = self.warehouse._query(
             "select customer_id, client_id, account_id, brand_id, user_id, anonymous_id, state"
-            f" from lake.marts.customer_preferences AT (VERSION => {snap.version})"
+            f" from {at(CUSTOMER_PREFERENCES, snap.version)}"
             " where subscription_id = ?",
             [subscription_id],
         )
@@ -269,7 +278,7 @@ class Preferences:
         # Which pending changes a snapshot has can only change with the snapshot: ask once.
         if pending and self._checked.get(sub.customer_id) != snap.version:
             loaded = self.warehouse._query(
-                f"select event_id from lake.marts.events AT (VERSION => {snap.version})"
+                f"select event_id from {at(EVENTS, snap.version)}"
                 " where customer_id = ? and event_id in (select unnest(?))",
                 [sub.customer_id, list(pending)],
             )

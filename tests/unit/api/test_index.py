@@ -58,10 +58,12 @@ def events_sql(pairs: str, run: int = 1) -> str:
         )
         select md5('e' || i) as event_id, md5('c' || c) as customer_id, 'u-' || c as user_id,
             null as email, null as email_lower,
-            (['page', 'logged_in', 'order_completed', 'identify'])[1 + (i * 7) % 4] as event_action,
+            (['page', 'logged_in', 'order_completed', 'identify'])[1 + (i * 7 + i // 10) % 4]
+            as event_action,
             event_time, event_time as received_time, 'acme' as client_id,
             case when c % 10 = 0 then 'other' else 'shop' end as account_id,
-            case when i % 5 = 0 then 'OUTLET' else 'SHOP' end as brand_id, 'server' as source,
+            case when (i // 10) % 5 = 0 then 'OUTLET' else 'SHOP' end as brand_id,
+            'server' as source,
             json_object('eventId', md5('e' || i), 'i', i, 'run', {run}) as record
         from e
         order by account_id, event_time, event_id
@@ -116,7 +118,13 @@ def test_index_is_built_and_used(fast: Warehouse, sql: Warehouse) -> None:
     assert sql.index(sql.snapshot()) is None
 
 
-ACCOUNT_BRANDS = [("shop", "SHOP"), ("shop", "OUTLET"), ("other", "SHOP"), ("nope", "SHOP")]
+ACCOUNT_BRANDS = [
+    ("shop", "SHOP"),
+    ("shop", "OUTLET"),
+    ("other", "SHOP"),
+    ("other", "OUTLET"),
+    ("nope", "SHOP"),
+]
 
 
 QUERIES: list[dict[str, Any]] = [
@@ -146,6 +154,22 @@ def test_event_pages_match_sql(
     q = event_query(**params)
     snap = fast.snapshot()
     assert fast.events(snap, account, brand, q) == sql.events(snap, account, brand, q)
+
+
+def test_event_page_cases_compare_real_pages(sql: Warehouse) -> None:
+    """The cases above compare pages, not empty lists: every account and brand with events has
+    events of every action and answers most queries (not an unknown action, nor an offset past
+    its events); only the unknown account answers none."""
+    snap = sql.snapshot()
+    for account, brand in ACCOUNT_BRANDS:
+        found = [sql.events(snap, account, brand, event_query(**p)) for p in QUERIES]
+        answered = sum(1 for page in found if page)
+        if account == "nope":
+            assert answered == 0
+        else:
+            assert answered >= 9, (account, brand, answered)
+            for action in ACTIONS:
+                assert sql.events(snap, account, brand, event_query(include=action)), action
 
 
 def profile_probes(sql: Warehouse, snap: Snapshot, user_ids: int, ids: int) -> list[Any]:
@@ -218,10 +242,10 @@ def test_big_builds_keep_answering_from_the_previous_index(
     import threading
     import time
 
-    from api import service
+    from api.service import serving
 
     paths = build_lake(tmp_path, customers=50, events=500)
-    monkeypatch.setattr(service, "INLINE_BUILD_BYTES", 0)  # every build in the background
+    monkeypatch.setattr(serving, "INLINE_BUILD_BYTES", 0)  # every build in the background
     gate = threading.Event()
     real_build = Warehouse._build
 
@@ -597,7 +621,7 @@ def test_merged_strings_keep_old_runs_and_insert_new_ones(changes: int) -> None:
     """Few changes copy the old runs whole, many use one take: both give the same strings."""
     import pyarrow as pa
 
-    from api.index import _take_merged
+    from api.index.sorted_arrays import take_merged
 
     rnd = np.random.default_rng(changes)
     old = pa.array([f"old-{i}" for i in range(100_000)])
@@ -605,7 +629,7 @@ def test_merged_strings_keep_old_runs_and_insert_new_ones(changes: int) -> None:
     new = pa.array([f"new-{i}" for i in range(changes)])
     ins = np.sort(rnd.integers(0, len(stay) + 1, changes))
     want = np.insert(np.array(old.to_pylist(), object)[stay], ins, new.to_pylist()).tolist()
-    assert _take_merged(old, stay, new, ins).to_pylist() == want
+    assert take_merged(old, stay, new, ins).to_pylist() == want
 
 
 def test_memory_only_answers_from_the_index_or_would_block(
@@ -613,10 +637,9 @@ def test_memory_only_answers_from_the_index_or_would_block(
 ) -> None:
     """A traits lookup runs on the event loop only when it needs no I/O; else WouldBlock sends
     it to a worker thread."""
-    from api import service
-    from api.service import WouldBlock
+    from api.service import WouldBlock, serving
 
-    monkeypatch.setattr(service, "SNAPSHOT_MAX_AGE_S", 600.0)  # no catalog re-check in the test
+    monkeypatch.setattr(serving, "SNAPSHOT_MAX_AGE_S", 600.0)  # no catalog re-check in the test
     wh, sql = Warehouse(lake), Warehouse(lake, use_index=False)
     with wh.memory_only(), pytest.raises(WouldBlock):
         wh.snapshot()  # the current snapshot is not known yet
@@ -641,10 +664,10 @@ def test_snapshot_recheck_answers_from_memory_and_reads_in_the_background(
     snapshot is read again in the background: a commit the files' stats missed is seen soon."""
     import time
 
-    from api import service
+    from api.service import serving
 
     paths = build_lake(tmp_path, customers=20, events=200)
-    monkeypatch.setattr(service, "SNAPSHOT_MAX_AGE_S", 0.0)
+    monkeypatch.setattr(serving, "SNAPSHOT_MAX_AGE_S", 0.0)
     wh = Warehouse(paths)
     monkeypatch.setattr(wh, "_catalog_signature", lambda: ("stats that miss every change",))
     before = wh.snapshot().version
@@ -673,15 +696,14 @@ def test_a_commit_to_a_big_lake_is_read_in_the_background_not_in_the_request(
     change is still read in the request (read-your-writes right after a pass)."""
     import time
 
-    from api import service
-    from api.service import WouldBlock
+    from api.service import WouldBlock, serving
 
     paths = build_lake(tmp_path, customers=20, events=200)
-    monkeypatch.setattr(service, "SNAPSHOT_MAX_AGE_S", 600.0)  # no age re-check in the test
+    monkeypatch.setattr(serving, "SNAPSHOT_MAX_AGE_S", 600.0)  # no age re-check in the test
     small = Warehouse(paths)
     snap = small.snapshot()
     assert small.index(snap) is not None  # built in the request: small
-    monkeypatch.setattr(service, "INLINE_BUILD_BYTES", 0)  # from now on, a big lake
+    monkeypatch.setattr(serving, "INLINE_BUILD_BYTES", 0)  # from now on, a big lake
     big = Warehouse(paths)
     first = big.snapshot()
     deadline = time.monotonic() + 30
@@ -700,7 +722,7 @@ def test_a_commit_to_a_big_lake_is_read_in_the_background_not_in_the_request(
         time.sleep(0.01)
     assert seen[0] == first.version
     assert seen[-1] == first.version + 1
-    monkeypatch.setattr(service, "INLINE_BUILD_BYTES", 1 << 40)  # small again
+    monkeypatch.setattr(serving, "INLINE_BUILD_BYTES", 1 << 40)  # small again
     conn = connect(paths)
     conn.execute("delete from lake.marts.events where event_id = md5('e2')")
     conn.close()
@@ -714,10 +736,10 @@ def test_a_commit_to_a_big_lake_is_read_in_the_background_not_in_the_request(
 def test_row_group_cache_keeps_the_most_recently_read_within_its_budget() -> None:
     import pyarrow as pa
 
-    from api.index import _GroupCache
+    from api.index.cache import GroupCache
 
     chunks = {n: pa.chunked_array([pa.array([n * 100] * 10)]) for n in "abc"}
-    cache = _GroupCache(budget=2 * chunks["a"].nbytes)
+    cache = GroupCache(budget=2 * chunks["a"].nbytes)
     decoded: list[str] = []
 
     def get(rg: int, name: str) -> pa.ChunkedArray:
@@ -735,7 +757,7 @@ def test_row_group_cache_keeps_the_most_recently_read_within_its_budget() -> Non
     get(1, "b")
     assert decoded == ["a", "b", "c", "b"]
     assert cache.bytes <= cache.budget
-    big = _GroupCache(budget=1)
+    big = GroupCache(budget=1)
     big.get(("f", 0, "c"), lambda: chunks["a"])
     assert big.bytes == 0  # bigger than the whole budget: returned, not kept
 
@@ -743,7 +765,7 @@ def test_row_group_cache_keeps_the_most_recently_read_within_its_budget() -> Non
 def test_records_are_decoded_once_and_read_from_the_row_group_cache(
     lake: DataPaths, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from api import index as index_module
+    from api.index import cache
 
     here = Warehouse(lake)  # the events index in this process, where the patch below applies
     idx = here.index(here.snapshot())
@@ -751,14 +773,14 @@ def test_records_are_decoded_once_and_read_from_the_row_group_cache(
     positions = idx.events.page("shop", "SHOP", event_query(size=100), None)
     first = idx.events.records(positions)
     decodes: list[Any] = []
-    real = index_module._Rows._decode
+    real = cache.Rows._decode
 
     def counting(self: Any, f: int, rg: int, column: str) -> Any:
         decodes.append((f, rg, column))
         return real(self, f, rg, column)
 
-    monkeypatch.setattr(index_module._Rows, "_decode", counting)
-    monkeypatch.setattr(index_module, "_row_groups", index_module._GroupCache(1 << 30))
+    monkeypatch.setattr(cache.Rows, "_decode", counting)
+    monkeypatch.setattr(cache, "row_groups", cache.GroupCache(1 << 30))
     assert idx.events.records(positions) == first  # cold cache: decoded
     cold = len(decodes)
     assert cold >= 1
@@ -774,11 +796,11 @@ def test_a_big_lake_reads_a_new_snapshots_freshness_in_the_background(
     never in a request (WouldBlock here), and then it is served."""
     import time
 
-    from api import service
+    from api.service import serving
 
     paths = build_lake(tmp_path, customers=20, events=200)
-    monkeypatch.setattr(service, "INLINE_BUILD_BYTES", 0)  # a big lake
-    monkeypatch.setattr(service, "SNAPSHOT_MAX_AGE_S", 600.0)
+    monkeypatch.setattr(serving, "INLINE_BUILD_BYTES", 0)  # a big lake
+    monkeypatch.setattr(serving, "SNAPSHOT_MAX_AGE_S", 600.0)
     wh = Warehouse(paths)
     deadline = time.monotonic() + 30
     while wh.index(wh.snapshot()) is None and time.monotonic() < deadline:
@@ -804,18 +826,16 @@ def test_commits_that_leave_the_served_marts_are_not_listed_again(
     """A snapshot whose commits since the last listed one changed no served mart (an
     intermediate model's, most of a pass's) takes that one's files and freshness from DuckLake's
     list of snapshot changes; one that changed a mart, or a mart's table replaced, is listed."""
-    from api import service
-
     paths = build_lake(tmp_path, customers=20, events=200)
     wh = Warehouse(paths)
     listed: list[int] = []
-    table_files = service.Warehouse._table_files
+    table_files = Warehouse._table_files
 
     def counting(self: Warehouse, table: str, version: int) -> Any:
         listed.append(version)
         return table_files(self, table, version)
 
-    monkeypatch.setattr(service.Warehouse, "_table_files", counting)
+    monkeypatch.setattr(Warehouse, "_table_files", counting)
     first = wh.snapshot()
     key = wh._files_of(first.version)
     assert key is not None and listed == [first.version, first.version]
