@@ -17,19 +17,22 @@ help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 $(CURDIR)/.uv/bin/uv:
-	$(PYTHON) -m venv $(CURDIR)/.uv
-	$(CURDIR)/.uv/bin/pip install --quiet uv
+	@echo "installing uv into .uv/ (pip, once)"
+	@$(PYTHON) -m venv $(CURDIR)/.uv
+	@$(CURDIR)/.uv/bin/pip install --quiet uv
 
+# Bytecode is compiled once here: with PYTHONDONTWRITEBYTECODE set (as on CI) every process
+# otherwise compiles ~2,800 modules at import (5 s per `mallard pipeline run`, measured).
 $(VENV)/.synced: uv.lock pyproject.toml | $(UV)
-	# Bytecode compiled once here: with PYTHONDONTWRITEBYTECODE set (as on CI) every process
-	# otherwise compiles ~2,800 modules at import (5 s per `mallard pipeline run`, measured).
-	$(UV) sync --frozen --all-groups --quiet --compile-bytecode
+	@echo "installing Python packages from uv.lock into .venv (the first time takes a few minutes)"
+	@$(UV) sync --frozen --all-groups --quiet --compile-bytecode
 	@touch $@
 
 install: $(VENV)/.synced ## install everything from uv.lock into .venv
 
 run: install ## init ./data, start the server and the Dagster UI with demo data
-	$(VENV)/bin/mallard up
+	@echo "starting Mallard (mallard up): init, server, demo data, first pipeline pass, Dagster"
+	@$(VENV)/bin/mallard up
 
 # Browser tests drive Debian's chromium (Playwright's own browser download is unreachable here).
 CHROMIUM := /usr/bin/chromium

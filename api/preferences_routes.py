@@ -3,7 +3,8 @@
 `GET|POST /cdp/marketing-preferences/{subscriptionId}` (JSON) and `GET|POST /content?s=ID` or
 `/content/{ID}` (the page; the query name is MALLARD_PREFS_QUERY_PARAM). The subscription id is
 the only key: every route is rate limited per client address like the other endpoints, and an
-unknown id is a plain 404.
+unknown id is a plain 404. The `prefs` dependency applies that limit and hands each handler the
+preferences service.
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
-from litestar import MediaType, Request, Response, get, post
-from litestar.params import FromPath
+from litestar import Controller, MediaType, Request, Response, get, post
+from litestar.di import Provide
+from litestar.params import FromPath, Parameter
+from litestar.types import ControllerRouterHandler
 
 from api.preferences import (
     Preferences,
@@ -27,12 +30,20 @@ from api.preferences import (
 )
 from api.preferences_journal import PreferencesJournal
 from api.preferences_page import HEADERS, not_found, render
+from api.schemas import (
+    PREFERENCES_ERRORS,
+    PREFERENCES_EXAMPLE,
+    UPDATE_EXAMPLES,
+    PreferencesResource,
+    PreferencesUpdate,
+)
 from api.service import Snapshot
 from mallard.auth import limit
 from mallard.errors import InvalidRequest, NotFound
+from mallard.openapi import answers, request_body
 from mallard.preferences import Choices, PreferencesConfigFile
 
-API = "/cdp/marketing-preferences/{subscriptionId:str}"
+API = "/cdp/marketing-preferences"
 _encode = msgspec.json.Encoder().encode
 _init_lock = threading.Lock()
 
@@ -64,27 +75,31 @@ def _ip(request: Request[Any, Any, Any]) -> str | None:
     return request.client.host if request.client else None
 
 
-def _limit(request: Request[Any, Any, Any]) -> None:
+def limited_context(request: Request[Any, Any, Any]) -> _Context:
+    """The preferences service, once the caller's address is within its rate limit."""
     limit(request, f"prefs:{_ip(request) or '-'}")
+    return _ctx(request)
+
+
+PREFS = {"prefs": Provide(limited_context, sync_to_thread=False)}
 
 
 def _json(body: dict[str, Any]) -> Response[bytes]:
     return Response(_encode(body), media_type=MediaType.JSON, headers={"cache-control": "no-store"})
 
 
-def _read(request: Request[Any, Any, Any], subscription_id: str) -> dict[str, Any]:
-    ctx = _ctx(request)
+def _read(request: Request[Any, Any, Any], ctx: _Context, subscription_id: str) -> dict[str, Any]:
     return ctx.prefs.read(subscription_id, ctx.choices, request.app.state.control)
 
 
 async def _write(
     request: Request[Any, Any, Any],
+    ctx: _Context,
     subscription_id: str,
     make_update: Callable[[Choices], Update],
     asset_id: str | None,
 ) -> dict[str, Any]:
     """Validate, make the message durable through the collector, journal it, read back."""
-    ctx = _ctx(request)
 
     def prepare() -> tuple[Snapshot, Subscriber, Choices, Update]:
         snap = ctx.prefs.snapshot()
@@ -103,32 +118,69 @@ async def _write(
     return await asyncio.to_thread(finish)
 
 
-@get(API, operation_id="getMarketingPreferences", summary="Preferences")
-async def get_preferences(
-    request: Request[Any, Any, Any],
-    subscriptionId: FromPath[str],  # noqa: N803
-) -> Response[bytes]:
-    _limit(request)
-    return _json(await asyncio.to_thread(_read, request, subscriptionId))
-
-
-@post(
-    API,
-    operation_id="updateMarketingPreferences",
-    status_code=200,
-    summary="Update preferences",
-    description="Body {categories?, channels?, unsubscribeAll?, unsubscribeReason?}; query "
-    "assetId attributes the change to a campaign asset. Answers the updated resource.",
+SubscriptionId = Annotated[
+    str, Parameter(description="The customer's _subscriptionId (merge tag in messages).")
+]
+AssetId = Annotated[
+    str | None,
+    Parameter(
+        query="assetId",
+        description="The campaign asset the change is attributed to (utm_campaign of the link).",
+    ),
+]
+_ANSWERS = answers(
+    PreferencesResource,
+    "The preferences resource (INTERFACE.md 2.6)",
+    PREFERENCES_ERRORS,
+    "read",
+    PREFERENCES_EXAMPLE,
 )
-async def update_preferences(
-    request: Request[Any, Any, Any],
-    subscriptionId: FromPath[str],  # noqa: N803
-) -> Response[bytes]:
-    _limit(request)
-    asset_id = check_asset_id(request.query_params.get("assetId"))
-    body = await request.body()
-    res = await _write(request, subscriptionId, lambda c: parse_update(body, c), asset_id)
-    return _json(res)
+
+
+class MarketingPreferences(Controller):
+    path = API
+    dependencies = PREFS
+    tags = ["Marketing preferences"]
+
+    @get(
+        "/{subscriptionId:str}",
+        operation_id="getMarketingPreferences",
+        summary="Preferences",
+        responses=_ANSWERS,
+    )
+    async def get_preferences(
+        self,
+        request: Request[Any, Any, Any],
+        prefs: _Context,
+        subscriptionId: SubscriptionId,  # noqa: N803
+    ) -> Response[bytes]:
+        return _json(await asyncio.to_thread(_read, request, prefs, subscriptionId))
+
+    @post(
+        "/{subscriptionId:str}",
+        operation_id="updateMarketingPreferences",
+        status_code=200,
+        summary="Update preferences",
+        description="Body {categories?, channels?, unsubscribeAll?, unsubscribeReason?}; query "
+        "assetId attributes the change to a campaign asset. Answers the updated resource.",
+        dependencies=request_body(
+            PreferencesUpdate, "What to change; what is not listed stays.", UPDATE_EXAMPLES
+        ),
+        responses=_ANSWERS,
+    )
+    async def update_preferences(
+        self,
+        request: Request[Any, Any, Any],
+        prefs: _Context,
+        subscriptionId: SubscriptionId,  # noqa: N803
+        asset_id: AssetId = None,
+    ) -> Response[bytes]:
+        asset = check_asset_id(asset_id)
+        body = await request.body()
+        update = await _write(
+            request, prefs, subscriptionId, lambda c: parse_update(body, c), asset
+        )
+        return _json(update)
 
 
 # --- the hosted page ------------------------------------------------------------------------
@@ -149,33 +201,38 @@ def _campaign(request: Request[Any, Any, Any]) -> str | None:
         return None
 
 
-async def _show(request: Request[Any, Any, Any], path_id: str | None) -> Response[str]:
-    _limit(request)
+async def _show(
+    request: Request[Any, Any, Any], prefs: _Context, path_id: str | None
+) -> Response[str]:
     sid = _page_id(request, path_id)
     try:
-        res = await asyncio.to_thread(_read, request, sid)
+        res = await asyncio.to_thread(_read, request, prefs, sid)
     except NotFound:
         return _page(not_found(), 404)
     return _page(render(res, sid, _campaign(request)))
 
 
-@get("/content", operation_id="preferencesPage", include_in_schema=False)
-async def page_by_query(request: Request[Any, Any, Any]) -> Response[str]:
-    return await _show(request, None)
+@get("/content", operation_id="preferencesPage", include_in_schema=False, dependencies=PREFS)
+async def page_by_query(request: Request[Any, Any, Any], prefs: _Context) -> Response[str]:
+    return await _show(request, prefs, None)
 
 
 @get(
     "/content/{sid:str}",
     operation_id="preferencesPageById",
     include_in_schema=False,
+    dependencies=PREFS,
 )
-async def page_by_path(request: Request[Any, Any, Any], sid: FromPath[str]) -> Response[str]:
-    return await _show(request, sid)
+async def page_by_path(
+    request: Request[Any, Any, Any], prefs: _Context, sid: FromPath[str]
+) -> Response[str]:
+    return await _show(request, prefs, sid)
 
 
-async def _submit(request: Request[Any, Any, Any], path_id: str | None) -> Response[str]:
+async def _submit(
+    request: Request[Any, Any, Any], prefs: _Context, path_id: str | None
+) -> Response[str]:
     """The page's forms without JavaScript: the same update, then the page again."""
-    _limit(request)
     sid = _page_id(request, path_id)
     form = await request.form()
     action = form.get("action")
@@ -198,15 +255,21 @@ async def _submit(request: Request[Any, Any, Any], path_id: str | None) -> Respo
 
         done = "Your preferences are saved."
     try:
-        res = await _write(request, sid, make_update, _campaign(request))
+        res = await _write(request, prefs, sid, make_update, _campaign(request))
     except NotFound:
         return _page(not_found(), 404)
     return _page(render(res, sid, _campaign(request), message=done))
 
 
-@post("/content", operation_id="preferencesForm", status_code=200, include_in_schema=False)
-async def form_by_query(request: Request[Any, Any, Any]) -> Response[str]:
-    return await _submit(request, None)
+@post(
+    "/content",
+    operation_id="preferencesForm",
+    status_code=200,
+    include_in_schema=False,
+    dependencies=PREFS,
+)
+async def form_by_query(request: Request[Any, Any, Any], prefs: _Context) -> Response[str]:
+    return await _submit(request, prefs, None)
 
 
 @post(
@@ -214,14 +277,16 @@ async def form_by_query(request: Request[Any, Any, Any]) -> Response[str]:
     operation_id="preferencesFormById",
     status_code=200,
     include_in_schema=False,
+    dependencies=PREFS,
 )
-async def form_by_path(request: Request[Any, Any, Any], sid: FromPath[str]) -> Response[str]:
-    return await _submit(request, sid)
+async def form_by_path(
+    request: Request[Any, Any, Any], prefs: _Context, sid: FromPath[str]
+) -> Response[str]:
+    return await _submit(request, prefs, sid)
 
 
-ROUTES = [
-    get_preferences,
-    update_preferences,
+ROUTES: list[ControllerRouterHandler] = [
+    MarketingPreferences,
     page_by_query,
     page_by_path,
     form_by_query,

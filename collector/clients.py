@@ -28,9 +28,22 @@ from litestar.types import Method, OperationIDCreator
 
 from collector.messages import CALL_KINDS, Tenant, iso, stamp, validate
 from collector.routes import decode_object, parse_batch
+from collector.schemas import (
+    BATCH_OK_EXAMPLE,
+    CLIENT_BATCH_EXAMPLE,
+    CLIENT_ERRORS,
+    CLIENT_EXAMPLES,
+    OK_EXAMPLE,
+    WRITE_KEY,
+    Ack,
+    ClientBatch,
+    ClientCall,
+    IngestOk,
+)
 from collector.service import Collector
 from mallard.auth import limit
 from mallard.errors import Forbidden, InvalidRequest, PayloadTooLarge, RateLimited
+from mallard.openapi import NoValidationError, answers, request_body
 from mallard.settings import Limits
 from mallard.tenancy import ControlStore
 
@@ -216,17 +229,39 @@ async def _one_call(
     return _ok({"success": True, "eventId": ids[0] if ids else None})
 
 
+_ONE = "One call; the path names its type (t takes any type, track if none)."
+_MANY = "Calls in the order they happened; all are accepted or none."
+# What every client route documents: the writeKey in the body or as the Basic user, the answers.
+_KEYED: list[dict[str, list[str]]] = [{"writeKey": []}]
+_ANSWER_ONE = answers(IngestOk, "{success: true, eventId}", CLIENT_ERRORS, "ingest", OK_EXAMPLE)
+_ANSWER_MANY = answers(
+    IngestOk, "{success: true, eventId, eventIds}", CLIENT_ERRORS, "ingest", BATCH_OK_EXAMPLE
+)
+_KEYED_EXAMPLES = {kind: {**call, "writeKey": WRITE_KEY} for kind, call in CLIENT_EXAMPLES.items()}
+
+
 @post(
     list(TAG_PATHS),
     operation_id=_operation_id("tagEvent"),
     summary="One event from the tag or a mobile app (t takes any type)",
     status_code=200,
+    dependencies=request_body(ClientCall, _ONE, _KEYED_EXAMPLES),
+    responses=_ANSWER_ONE,
+    security=_KEYED,
 )
 async def tag_event(request: Request[Any, Any, Any]) -> Response[bytes]:
     return await _one_call(request, TAG_PATHS, source="tag")
 
 
-@post(f"{STD}/b", operation_id="tagBatch", summary="A batch from the tag", status_code=200)
+@post(
+    f"{STD}/b",
+    operation_id="tagBatch",
+    summary="A batch from the tag",
+    status_code=200,
+    dependencies=request_body(ClientBatch, _MANY, {"batch": CLIENT_BATCH_EXAMPLE}),
+    responses=_ANSWER_MANY,
+    security=_KEYED,
+)
 async def tag_batch(request: Request[Any, Any, Any]) -> Response[bytes]:
     key, items = _batch(await read_body(request), request.app.state.settings.limits)
     tenant = tenant_for(request, key)
@@ -239,6 +274,9 @@ async def tag_batch(request: Request[Any, Any, Any]) -> Response[bytes]:
     operation_id="mobileBatch",
     summary="A mobile batch {writeKey, batch:[...]}, events in the order they happened",
     status_code=200,
+    dependencies=request_body(ClientBatch, _MANY, {"batch": CLIENT_BATCH_EXAMPLE}),
+    responses=_ANSWER_MANY,
+    security=_KEYED,
 )
 async def mobile_batch(request: Request[Any, Any, Any]) -> Response[bytes]:
     limits: Limits = request.app.state.settings.limits
@@ -253,12 +291,23 @@ async def mobile_batch(request: Request[Any, Any, Any]) -> Response[bytes]:
     operation_id=_operation_id("segment"),
     summary="Segment HTTP API: one call, writeKey as the Basic user",
     status_code=200,
+    dependencies=request_body(ClientCall, _ONE, CLIENT_EXAMPLES),
+    responses=_ANSWER_ONE,
+    security=_KEYED,
 )
 async def segment_call(request: Request[Any, Any, Any]) -> Response[bytes]:
     return await _one_call(request, SEGMENT_PATHS, source="segment")
 
 
-@post("/v1/batch", operation_id="segmentBatch", summary="Segment HTTP API batch", status_code=200)
+@post(
+    "/v1/batch",
+    operation_id="segmentBatch",
+    summary="Segment HTTP API batch",
+    status_code=200,
+    dependencies=request_body(ClientBatch, _MANY, {"batch": CLIENT_BATCH_EXAMPLE}),
+    responses=_ANSWER_MANY,
+    security=_KEYED,
+)
 async def segment_batch(request: Request[Any, Any, Any]) -> Response[bytes]:
     key, items = _batch(await read_body(request), request.app.state.settings.limits)
     tenant = tenant_for(request, key)
@@ -285,7 +334,24 @@ class _MetricsLog:
 _metrics_log = _MetricsLog()
 
 
-@post(f"{STD}/m", operation_id="tagMetrics", summary="Tag performance metrics", status_code=200)
+@post(
+    f"{STD}/m",
+    operation_id="tagMetrics",
+    summary="Tag performance metrics",
+    status_code=200,
+    dependencies=request_body(
+        dict[str, Any],
+        "analytics.js's metrics batch; kept apart from events, never retried.",
+        {"metrics": {"series": [{"type": "Counter", "metric": "analytics_js.invoke", "value": 1}]}},
+    ),
+    responses=answers(
+        Ack,
+        "Always {success: true}: bad or excess metrics are dropped.",
+        {413: CLIENT_ERRORS[413]},
+        "ingest",
+    ),
+    operation_class=NoValidationError,
+)
 async def tag_metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Always 200: metrics must never make the tag retry or log. Bad or excess ones are dropped."""
     limits: Limits = request.app.state.settings.limits

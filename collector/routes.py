@@ -1,21 +1,49 @@
-"""Server ingestion routes: POST /track/{clientId}/{accountId}/{BRANDID}/v1/{action}."""
+"""Server ingestion routes: POST /track/{clientId}/{accountId}/{BRANDID}/v1/{action}.
+
+Also the tenant of such a path as a dependency, for these routes and the read API's.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
-from litestar import MediaType, Request, Response, post
-from litestar.params import FromPath
+from litestar import Controller, MediaType, Request, Response, post
+from litestar.di import Provide
+from litestar.params import Parameter
 
 from collector.messages import Tenant, batch_item_kind, stamp, validate
+from collector.schemas import (
+    OK_EXAMPLE,
+    SERVER_ERRORS,
+    SERVER_EXAMPLES,
+    IngestOk,
+    ServerCall,
+)
 from collector.service import Collector
 from mallard.auth import authorize
 from mallard.errors import InvalidRequest, NotFound, PayloadTooLarge
+from mallard.openapi import OneOfTheBodies, answers, request_body
 
 SERVER_ACTIONS = ("identify", "track", "page", "screen", "batch")
+TENANT_PATH = "/track/{clientId:str}/{accountId:str}/{BRANDID:str}/v1"
+
+
+def authorized_tenant(
+    request: Request[Any, Any, Any],
+    clientId: str,  # noqa: N803
+    accountId: str,  # noqa: N803
+    BRANDID: str,  # noqa: N803
+) -> Tenant:
+    """The tenant a TENANT_PATH names, once the auth-token covers it and its rate limit allows."""
+    authorize(request, clientId, accountId, BRANDID)
+    return Tenant(clientId, accountId, BRANDID)
+
+
+# On the event loop: the token check reads the control store's in-memory snapshot.
+TENANT = {"tenant": Provide(authorized_tenant, sync_to_thread=False)}
 
 
 class _Batch(msgspec.Struct):
@@ -77,45 +105,72 @@ def parse_batch(
     return items
 
 
-@post(
-    "/track/{clientId:str}/{accountId:str}/{BRANDID:str}/v1/{action:str}",
-    operation_id="ingest",
-    status_code=200,
-    summary="Ingest identify/track/page/screen/batch",
+_BODIES = (
+    "identify: event identify and traits. track: event, the action. page: event page. screen:"
+    " name. batch: {batch: [calls], context?}. Each call needs userId or anonymousId; one call"
+    " is at most 32 KB (INTERFACE.md 2.2, 4.1)."
 )
-async def ingest(
-    request: Request[Any, Any, Any],
-    clientId: FromPath[str],
-    accountId: FromPath[str],  # noqa: N803
-    BRANDID: FromPath[str],
-    action: FromPath[str],
-) -> Response[bytes]:
-    authorize(request, clientId, accountId, BRANDID)
-    if action not in SERVER_ACTIONS:
-        raise NotFound(f"unknown action {action!r}; use one of {', '.join(SERVER_ACTIONS)}")
-    collector: Collector = request.app.state.collector
-    limits = request.app.state.settings.limits
-    body = await request.body()
-    tenant = Tenant(clientId, accountId, BRANDID)
-    received = datetime.now(UTC)
-    ip = request.client.host if request.client else None
-    if action == "batch":
-        items = parse_batch(body, limits.max_call_bytes)
-    else:
-        if len(body) > limits.max_call_bytes:
-            raise PayloadTooLarge(f"a call is limited to {limits.max_call_bytes} bytes")
-        msg = decode_object(body)
-        validate(action, msg)
-        items = [(action, msg)]
-    stored = [
-        stamp(kind, item, tenant, channel="server", source="http", received=received, request_ip=ip)
-        for kind, item in items
-    ]
-    await collector.accept(stored)
-    if action == "batch":
-        ids = [s["eventId"] for s in stored]
-        return _ok({"success": True, "eventId": ids[0], "eventIds": ids})
-    return _ok({"success": True, "eventId": stored[0]["eventId"]})
 
 
-ROUTES = [ingest]
+class Ingest(Controller):
+    path = TENANT_PATH
+    dependencies = TENANT
+    tags = ["Server ingestion"]
+
+    @post(
+        "/{action:str}",
+        operation_id="ingest",
+        status_code=200,
+        summary="Ingest identify/track/page/screen/batch",
+        description="Header auth-token. " + _BODIES,
+        dependencies=request_body(ServerCall, _BODIES, SERVER_EXAMPLES),
+        operation_class=OneOfTheBodies,
+        responses=answers(
+            IngestOk,
+            "Accepted and durable: {success: true, eventId}; a batch also lists eventIds.",
+            SERVER_ERRORS,
+            "ingest",
+            OK_EXAMPLE,
+        ),
+    )
+    async def ingest(
+        self,
+        request: Request[Any, Any, Any],
+        tenant: Tenant,
+        action: Annotated[str, Parameter(description="identify, track, page, screen or batch.")],
+    ) -> Response[bytes]:
+        if action not in SERVER_ACTIONS:
+            raise NotFound(f"unknown action {action!r}; use one of {', '.join(SERVER_ACTIONS)}")
+        collector: Collector = request.app.state.collector
+        limits = request.app.state.settings.limits
+        body = await request.body()
+        received = datetime.now(UTC)
+        ip = request.client.host if request.client else None
+        if action == "batch":
+            items = parse_batch(body, limits.max_call_bytes)
+        else:
+            if len(body) > limits.max_call_bytes:
+                raise PayloadTooLarge(f"a call is limited to {limits.max_call_bytes} bytes")
+            msg = decode_object(body)
+            validate(action, msg)
+            items = [(action, msg)]
+        stored = [
+            stamp(
+                kind,
+                item,
+                tenant,
+                channel="server",
+                source="http",
+                received=received,
+                request_ip=ip,
+            )
+            for kind, item in items
+        ]
+        await collector.accept(stored)
+        if action == "batch":
+            ids = [s["eventId"] for s in stored]
+            return _ok({"success": True, "eventId": ids[0], "eventIds": ids})
+        return _ok({"success": True, "eventId": stored[0]["eventId"]})
+
+
+ROUTES = [Ingest]

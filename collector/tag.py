@@ -19,6 +19,7 @@ from litestar import MediaType, Request, Response, get
 from litestar.params import FromPath
 
 from mallard.errors import NotFound
+from mallard.openapi import NoValidationError, answers
 from mallard.tenancy import ControlStore
 
 ANALYTICS_NEXT_VERSION = "1.84.3"  # scripts/vendor-analytics.sh reproduces the vendored files
@@ -34,6 +35,16 @@ _IMMUTABLE = {"cache-control": "public, max-age=31536000, immutable"}
 _SHORT = {"cache-control": "public, max-age=300"}
 
 _encode = msgspec.json.Encoder().encode
+
+
+def _documented(
+    body: Any, description: str, media_type: str, missing: str | None = None
+) -> dict[str, Any]:
+    """The documented answers of a tag route: its file or settings, or a 404 if it can miss."""
+    errors = {404: (f"not_found: {missing}", missing)} if missing else {}
+    out = answers(body, description, errors, "read")
+    out[200].media_type = media_type
+    return {"responses": out, "operation_class": NoValidationError}
 
 
 @cache
@@ -95,6 +106,7 @@ def source_settings(write_key: str, protocol: str, host: str) -> dict[str, Any]:
     operation_id="tagScript",
     summary="analytics.js (Segment analytics-next standalone build)",
     sync_to_thread=False,
+    **_documented(str, "The script, with the writeKey of the path", JS),
 )
 def tag_script(writeKey: FromPath[str]) -> Response[bytes]:  # noqa: N803
     body = _assets()["standalone.js"]
@@ -108,6 +120,7 @@ def tag_script(writeKey: FromPath[str]) -> Response[bytes]:  # noqa: N803
     operation_id="tagChunk",
     summary="A lazily loaded chunk of analytics.js",
     sync_to_thread=False,
+    **_documented(str, "The chunk; its name carries its content hash", JS, "no such chunk"),
 )
 def tag_chunk(name: FromPath[str]) -> Response[bytes]:
     body = _assets().get(name) if name != "standalone.js" else None
@@ -121,6 +134,12 @@ def tag_chunk(name: FromPath[str]) -> Response[bytes]:
     operation_id="tagSettings",
     summary="Source settings for analytics.js",
     sync_to_thread=False,
+    **_documented(
+        dict[str, Any],
+        "Settings that keep every request of the tag on this server",
+        MediaType.JSON,
+        "unknown writeKey",
+    ),
 )
 def tag_settings(request: Request[Any, Any, Any], writeKey: FromPath[str]) -> Response[bytes]:  # noqa: N803
     control: ControlStore = request.app.state.control

@@ -1,23 +1,32 @@
 """create_app(): the one ASGI app serving every address of the interface on one port.
 
 `/track/...` (ingestion and read API), `/cdp/...` (tag, mobile, preferences), `/v1/...`
-(Segment drop-in) and `/health`. Wires routes, shared state, error mapping and lifespan.
+(Segment drop-in), `/health` and `/schema` (the OpenAPI document and Swagger UI, served from
+vendored files so it renders offline). Wires routes, shared state, error mapping and lifespan.
+
+This module and mallard/cli.py are the composition root: the only modules of mallard/ that
+import api/, collector/ and orchestration/ (everything else in mallard/ is imported by them).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
-from litestar import Litestar, MediaType, Request, Response, get
+from litestar import Litestar, MediaType, Request, Response, Router, get
+from litestar.datastructures import CacheControlHeader
 from litestar.exceptions import HTTPException
 from litestar.openapi import OpenAPIConfig
-from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
+from litestar.openapi.plugins import SwaggerRenderPlugin
+from litestar.openapi.spec import Components, Reference, SecurityScheme
+from litestar.static_files import create_static_files_router
+from litestar.status_codes import HTTP_413_REQUEST_ENTITY_TOO_LARGE, HTTP_500_INTERNAL_SERVER_ERROR
 from litestar.types import Message, Scope
 
 from mallard.config import apply_tenants
-from mallard.errors import MallardError, error_body, family_of
+from mallard.errors import MallardError, body_too_large, error_body, family_of
 from mallard.ids import new_id
 from mallard.paths import DataPaths
 from mallard.ratelimit import RateLimiter
@@ -48,6 +57,9 @@ def _detail(exc: HTTPException) -> str:
 
 def _json_error(request: Request, exc: Exception) -> Response[Any]:
     family = family_of(request.url.path, request.method)
+    if isinstance(exc, HTTPException) and exc.status_code == HTTP_413_REQUEST_ENTITY_TOO_LARGE:
+        # Litestar's own refusal of a body over request_max_body_size, read while streaming.
+        exc = body_too_large(request.app.state.settings.limits.max_body_bytes)
     if isinstance(exc, MallardError):
         status, body = error_body(exc, family)
         headers = exc.headers
@@ -76,6 +88,67 @@ async def add_request_id(message: Message, scope: Scope) -> None:
         ]
 
 
+async def refuse_large_bodies(request: Request) -> None:
+    """A body declared over the limit is refused before the handler runs, on every route:
+    Litestar checks request_max_body_size only when a handler reads the body, and a GET handler
+    never does."""
+    length = request.headers.get("content-length")
+    limit: int = request.app.state.settings.limits.max_body_bytes
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise body_too_large(limit)
+
+
+# scripts/vendor-openapi-ui.sh reproduces the vendored files; /schema loads nothing else.
+SWAGGER_UI_VERSION = "5.35.0"
+SWAGGER_UI_DIR = Path(__file__).parents[1] / "collector" / "static" / "swagger-ui-dist"
+SWAGGER_UI_URL = f"/schema/assets/swagger-ui-dist/{SWAGGER_UI_VERSION}"
+
+
+def openapi_config() -> tuple[OpenAPIConfig, Router]:
+    """The OpenAPI document's settings and the router serving Swagger UI's vendored files.
+
+    Swagger UI rather than Redoc: it sends requests from the page (an auth-token entered once
+    under Authorize), which is what a new user tries first.
+    """
+    ui = SwaggerRenderPlugin(
+        js_url=f"{SWAGGER_UI_URL}/swagger-ui-bundle.js",
+        css_url=f"{SWAGGER_UI_URL}/swagger-ui.css",
+        standalone_preset_js_url=f"{SWAGGER_UI_URL}/swagger-ui-standalone-preset.js",
+        favicon=f"<link rel='icon' type='image/png' href='{SWAGGER_UI_URL}/favicon-32x32.png'>",
+        path=["/", "/swagger"],
+    )
+    schemes: dict[str, SecurityScheme | Reference] = {
+        "authToken": SecurityScheme(
+            type="apiKey",
+            name="auth-token",
+            security_scheme_in="header",
+            description="Server ingestion and the read API (mallard tokens create).",
+        ),
+        "writeKey": SecurityScheme(
+            type="http",
+            scheme="basic",
+            description="Tag, mobile and Segment routes: the writeKey as the Basic user, or"
+            ' "writeKey" in the body.',
+        ),
+    }
+    config = OpenAPIConfig(
+        title="Mallard",
+        version="1",
+        description="Ingestion, read API and marketing preferences of a self-hosted CDP.",
+        path="/schema",
+        render_plugins=[ui],
+        components=Components(security_schemes=schemes),
+    )
+    assets = create_static_files_router(
+        path=SWAGGER_UI_URL,
+        directories=[SWAGGER_UI_DIR / SWAGGER_UI_VERSION],
+        name="swagger-ui",
+        # The version is in the path, so a file there never changes.
+        cache_control=CacheControlHeader(public=True, max_age=31536000),
+    )
+    return config, assets
+
+
 @get("/health", operation_id="health", include_in_schema=False, sync_to_thread=False)
 def health(request: Request) -> dict[str, Any]:
     warehouse = getattr(request.app.state, "warehouse", None)
@@ -99,6 +172,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
 
     settings = settings or get_settings()
     paths = DataPaths(settings.data_dir)
+    openapi, openapi_assets = openapi_config()
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -125,12 +199,14 @@ def create_app(settings: Settings | None = None) -> Litestar:
             *TAG_ROUTES,
             *API_ROUTES,
             *PREFERENCE_ROUTES,
+            openapi_assets,
         ],
         lifespan=[lifespan],
         exception_handlers={Exception: _json_error},
+        before_request=refuse_large_bodies,
         before_send=[add_request_id, add_freshness],
         request_max_body_size=settings.limits.max_body_bytes,
-        openapi_config=OpenAPIConfig(title="Mallard", version="1", path="/schema"),
+        openapi_config=openapi,
         debug=False,
     )
     # Outermost, so CORS reaches the router's own 404/405 answers and every error.

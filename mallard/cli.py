@@ -1,4 +1,8 @@
-"""The `mallard` command line: init, serve, pipeline run, tokens, accounts, writekeys, demo."""
+"""The `mallard` command line: init, serve, pipeline run, tokens, accounts, writekeys, demo, up.
+
+With mallard/app.py, the composition root: the only modules of mallard/ that import api/,
+collector/ and orchestration/ (each command imports what it runs, when it runs).
+"""
 
 from __future__ import annotations
 

@@ -2,11 +2,14 @@
 
 Ingestion (`/track/.../v1/{identify,...}`, `/cdp/events/...`, `/v1/...`) answers
 `{success:false, message}`; the read APIs answer `{error:{code, message}}` (INTERFACE.md 7).
+IngestErrorBody and ErrorBody describe those two bodies for the OpenAPI document.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
+
+import msgspec
 
 Family = Literal["ingest", "read"]
 
@@ -64,6 +67,11 @@ class PayloadTooLarge(MallardError):
     code = "invalid_request_error"
 
 
+def body_too_large(limit: int) -> PayloadTooLarge:
+    """The one message for a request body over the server's limit, whoever refuses it."""
+    return PayloadTooLarge(f"the request body exceeds the limit of {limit} bytes")
+
+
 class RateLimited(MallardError):
     status = 429
     code = "rate_limit_error"
@@ -97,3 +105,28 @@ def error_body(exc: MallardError, family: Family) -> tuple[int, dict[str, Any]]:
             status = 403
         return status, {"success": False, "message": exc.message}
     return status, {"error": {"code": exc.code, "message": exc.message}}
+
+
+class IngestErrorBody(msgspec.Struct):
+    """Every ingestion error (INTERFACE.md 2.7, 7)."""
+
+    success: Literal[False]
+    message: str
+
+
+class ErrorDetail(msgspec.Struct):
+    code: Literal[
+        "authentication_error",
+        "invalid_request_error",
+        "rate_limit_error",
+        "validation_error",
+        "not_found",
+        "internal_server_error",
+    ]
+    message: str
+
+
+class ErrorBody(msgspec.Struct):
+    """Every read API error (INTERFACE.md 7)."""
+
+    error: ErrorDetail

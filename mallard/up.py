@@ -1,7 +1,7 @@
 """`mallard up`, what `make run` calls: init, serve, demo data, pipeline, the pipeline watcher,
 Dagster UI and daemon.
 
-Ctrl-C (or SIGTERM) stops every process it started, by PID.
+Ctrl-C or SIGTERM stops every process it started, by PID, and says so.
 """
 
 from __future__ import annotations
@@ -34,14 +34,23 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], what: str, timeout: floa
     raise SystemExit(f"{what} did not answer at {url} within {timeout:.0f}s")
 
 
+class Terminated(Exception):
+    """SIGTERM arrived: stop like Ctrl-C does."""
+
+
+def _terminate(*_: object) -> None:
+    raise Terminated
+
+
 def up(data_dir: Path, port: int, dagster_port: int) -> int:
+    from orchestration.environment import TELEMETRY_OFF
+
     paths = DataPaths(data_dir.resolve())
     env = {
         **os.environ,
         "MALLARD_DATA_DIR": str(paths.root),
         "DAGSTER_HOME": str(paths.dagster_home),
-        "DO_NOT_TRACK": "1",
-        "DAGSTER_DISABLE_TELEMETRY": "1",
+        **TELEMETRY_OFF,
     }
     mallard = [sys.executable, "-m", "mallard.cli"]
     first_time = not (paths.root / "demo-credentials.json").exists()
@@ -62,7 +71,13 @@ def up(data_dir: Path, port: int, dagster_port: int) -> int:
         procs.append((name, proc))
         return proc
 
-    def stop_all() -> None:
+    def stop_all(why: str) -> None:
+        # A second Ctrl-C or SIGTERM must not cut the stop short and leave children behind.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        running = [name for name, proc in procs if proc.poll() is None]
+        if running:
+            print(f"{why}: stopping {', '.join(running)}", flush=True)
         # Each child leads its own process group (its workers included): signal the group.
         for _name, proc in reversed(procs):
             if proc.poll() is None:
@@ -76,12 +91,12 @@ def up(data_dir: Path, port: int, dagster_port: int) -> int:
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
             (paths.run_dir / f"{name}.pid").unlink(missing_ok=True)
+        if running:
+            print("Mallard stopped.", flush=True)
 
-    def on_sigterm(*_: object) -> None:
-        stop_all()
-        sys.exit(0)
-
-    signal.signal(signal.SIGTERM, on_sigterm)
+    # SIGTERM unwinds like Ctrl-C's KeyboardInterrupt, so both stop everything the same way.
+    signal.signal(signal.SIGTERM, _terminate)
+    why = "exiting"
     try:
         url = f"http://127.0.0.1:{port}"
         server = start("server", [*mallard, "serve", "--port", str(port)])
@@ -140,7 +155,10 @@ Press Ctrl-C to stop.""",
         print(f"stopped: {', '.join(dead)} exited; see {paths.run_dir}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("\nstopping...", flush=True)
+        why = "\nCtrl-C"
+        return 0
+    except Terminated:
+        why = "SIGTERM"
         return 0
     finally:
-        stop_all()
+        stop_all(why)
