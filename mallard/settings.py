@@ -49,13 +49,9 @@ class Settings:
     # process of their own (api/pages.py), off the GIL that traits lookups need.
     pages_process: bool = True
     # Whether the pipeline runs dbt on a thread of its own process (orchestration/dbt_in_process.py)
-    # rather than as a subprocess: each pass's models start seconds sooner.
+    # rather than as a subprocess: each pass's models start seconds sooner. dbt runs one thread
+    # either way (dbt_project/profiles.yml): two DuckLake writers fail each other's commits.
     dbt_in_process: bool = True
-    # dbt's threads in a pass run in-process. More than one runs models and tests side by side,
-    # one lake writer at a time (orchestration/lake_writes.py): 2-5 s faster at 10M, but DuckLake
-    # 1.5.5 then fails about one first build in four ("schema not found in metadata catalog"),
-    # so it is not the default. A `dbt` subprocess always runs with one.
-    dbt_threads: int = 1
     # A table is compacted after a pass once it has this many files that compaction would
     # rewrite or merge (orchestration/maintenance.py); 0 leaves compaction to the nightly job.
     compact_at_files: int = 8
@@ -86,6 +82,5 @@ def get_settings() -> Settings:
         pipeline_idle=_env("PIPELINE_IDLE", "1") not in ("0", "false", "no"),
         pages_process=_env("PAGES_PROCESS", "1") not in ("0", "false", "no"),
         dbt_in_process=_env("DBT_IN_PROCESS", "1") not in ("0", "false", "no"),
-        dbt_threads=max(1, int(_env("DBT_THREADS", "1"))),
         compact_at_files=int(_env("COMPACT_AT_FILES", "8")),
     )

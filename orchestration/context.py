@@ -1,4 +1,5 @@
-"""Where the orchestration runs (MALLARD_DATA_DIR) and the environment dbt needs."""
+"""Where the orchestration's code and dbt project live, the data dir a Dagster code location
+serves (MALLARD_DATA_DIR), and the priority its builds run at."""
 
 from __future__ import annotations
 
@@ -10,39 +11,33 @@ from pathlib import Path
 from mallard.paths import DataPaths
 from mallard.priority import yield_cpu
 from mallard.settings import get_settings
-from orchestration.warehouse import ensure_secret
+from orchestration.environment import dbt_env, hmac_pads
+
+__all__ = [
+    "DBT_DIR",
+    "REPO",
+    "data_paths",
+    "dbt_env",
+    "ensure_dagster_home",
+    "hmac_pads",
+    "subscription_id",
+    "yield_cpu_to_readers",
+]
 
 REPO = Path(__file__).resolve().parents[1]
 DBT_DIR = REPO / "dbt_project"
 
 
 def data_paths() -> DataPaths:
+    """The data dir of a process started without one (the Dagster webserver and daemon load
+    orchestration/definitions.py): MALLARD_DATA_DIR, else the settings' default. Read once, when
+    the definitions are built; the assets, ops and sensors get it from the `LakeResource`."""
     return DataPaths(Path(os.environ.get("MALLARD_DATA_DIR") or get_settings().data_dir).resolve())
-
-
-def hmac_pads(secret_hex: str) -> tuple[str, str]:
-    """Inner and outer HMAC-SHA256 pads of the key, hex (RFC 2104)."""
-    key = bytes.fromhex(secret_hex)
-    if len(key) > 64:
-        key = hashlib.sha256(key).digest()
-    key = key.ljust(64, b"\0")
-    return bytes(b ^ 0x36 for b in key).hex(), bytes(b ^ 0x5C for b in key).hex()
 
 
 def subscription_id(secret_hex: str, customer_id: str) -> str:
     """What the customers model computes in SQL: HMAC-SHA256(secret, customer id), hex."""
     return hmac.new(bytes.fromhex(secret_hex), customer_id.encode(), hashlib.sha256).hexdigest()
-
-
-def dbt_env(paths: DataPaths) -> dict[str, str]:
-    ipad, opad = hmac_pads(ensure_secret(paths))
-    return {
-        "MALLARD_DATA_DIR": str(paths.root),
-        "MALLARD_HMAC_IPAD": ipad,
-        "MALLARD_HMAC_OPAD": opad,
-        "DO_NOT_TRACK": "1",
-        "DBT_SEND_ANONYMOUS_USAGE_STATS": "false",
-    }
 
 
 def ensure_dagster_home(paths: DataPaths) -> Path:

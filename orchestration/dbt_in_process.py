@@ -9,15 +9,17 @@ dagster-dbt's own parsing, asset events, errors and selection all stay as they a
 process (`mallard pipeline run`) the first model starts ~2.4 s sooner; a `--watch` process that
 runs pass after pass keeps dbt imported, and later passes start ~3.8 s sooner.
 
-`in_process_dbt()` swaps it in for the duration of one `cli()` call. MALLARD_DBT_IN_PROCESS=0
-keeps the subprocess.
+`in_process_dbt()` swaps it in for the duration of one `cli()` call. This module is the one
+that knows dagster-dbt's internals: `dagster_dbt.core.dbt_cli_invocation` calls
+`subprocess.Popen` with the arguments `DbtThread` takes and reads its stdout, and
+tests/unit/orchestration/test_dbt_in_process.py fails when that changes. MALLARD_DBT_IN_PROCESS=0
+keeps the subprocess: the way around such a change until this module follows it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import queue
 import threading
 from collections.abc import Iterator, Sequence
@@ -25,8 +27,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from orchestration.context import yield_cpu_to_readers
-from orchestration.lake_writes import serialised_lake_writes
+from orchestration.environment import dbt_environment
 
+# The dagster-dbt release whose `DbtCliInvocation.run` this module stands in for.
+CHECKED_AGAINST_DAGSTER_DBT = "0.29.27"
 _END = b""
 # One cli() at a time swaps the module's subprocess (one build at a time holds the build lock).
 _SWAP = threading.Lock()
@@ -75,28 +79,17 @@ class DbtThread:
 
     def _run(self, args: list[str], env: dict[str, str]) -> None:
         # What the subprocess would have had: dbt's own settings (log format, paths, profiles)
-        # come in DBT_* variables; put back afterwards.
-        # DBT_QUIET: dbt's console is the lines forwarded here, not this process's stdout.
-        env = {**env, "DBT_QUIET": "true"}
-        changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
-        saved = {k: os.environ.get(k) for k in changed}
-        os.environ.update(changed)
+        # come in DBT_* variables. DBT_QUIET: dbt's console is the lines forwarded here, not
+        # this process's stdout.
         try:
-            # This thread's priority is inherited by the DuckDB workers dbt starts on it.
-            yield_cpu_to_readers()
-            # One lake writer at a time only matters with several dbt threads (opt-in).
-            threads = int(args[args.index("--threads") + 1]) if "--threads" in args else 1
-            with serialised_lake_writes() if threads > 1 else contextlib.nullcontext():
+            with dbt_environment(extra={**env, "DBT_QUIET": "true"}):
+                # This thread's priority is inherited by the DuckDB workers dbt starts on it.
+                yield_cpu_to_readers()
                 self.returncode = _invoke(args, self.stdout.put)
         except BaseException as e:  # reported like dbt's own fatal errors, never lost
             self.stdout.put(_error_line(f"{type(e).__name__}: {e}"))
             self.returncode = 2
         finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
             self.stdout.put(_END)
 
     def wait(self, timeout: float | None = None) -> int | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -27,39 +26,44 @@ class StepResult:
     again: bool = False  # work left for another pass (landing files over the per-pass cap)
 
 
-def _definitions(data_dir: Path) -> dg.Definitions:
-    """The Dagster definitions of the data dir, its environment set for them and for dbt
-    (build_definitions makes the Dagster home)."""
-    os.environ["MALLARD_DATA_DIR"] = str(data_dir)
-    os.environ["DAGSTER_HOME"] = str(data_dir / "dagster")
-    os.environ.setdefault("DAGSTER_DISABLE_TELEMETRY", "1")
+# The Dagster UI's "Launched by" column shows a run's `user` tag (a run without it, a sensor's or
+# a schedule's is "Manually launched"), so a run says which command started it.
+LAUNCHED_BY = "user"
+BY_HAND = "mallard pipeline run"
+BY_THE_WATCHER = "mallard pipeline run --watch"
+
+
+def run_pipeline(data_dir: Path, launched_by: str = BY_HAND) -> list[StepResult]:
     from orchestration.defs import build_definitions
+    from orchestration.defs.scheduling import pass_job
 
-    return build_definitions()
-
-
-def run_pipeline(data_dir: Path) -> list[StepResult]:
-    from orchestration.context import data_paths
-
+    paths = DataPaths(data_dir.resolve())
     try:
-        defs = _definitions(data_dir)
+        defs = build_definitions(paths.root)
     except Exception as e:  # a broken dbt project fails here, before any run
         return [StepResult("definitions", False, f"{type(e).__name__}: {e}")]
-    job = defs.resolve_job_def("pipeline")
+    job = defs.resolve_job_def(pass_job(paths))
     started = datetime.now(UTC)
-    log = data_paths().run_dir / "pipeline.log"
+    log = paths.run_dir / "pipeline.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     # dbt's own progress lines go to a log file and the console is quiet: the CLI prints one
     # line per step; the UI keeps the full log.
     quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
-    with dg.DagsterInstance.get() as instance, open(log, "a") as out, redirect_stdout(out):
-        result = job.execute_in_process(instance=instance, raise_on_error=False, run_config=quiet)
-        steps = with_dbt_tally(summarize(result), read_tally(data_paths().dbt_target, started))
+    tags = {LAUNCHED_BY: launched_by}
+    with (
+        dg.DagsterInstance.from_config(str(paths.dagster_home)) as instance,
+        open(log, "a") as out,
+        redirect_stdout(out),
+    ):
+        result = job.execute_in_process(
+            instance=instance, raise_on_error=False, run_config=quiet, tags=tags
+        )
+        steps = with_dbt_tally(summarize(result), read_tally(paths.dbt_target, started))
         # What the fragmentation sensor does after the daemon's runs, done here after this one
         # (recorded as a run of the compaction job): the next pass reads fewer files.
-        if result.success and needs_compaction(data_paths()):
+        if result.success and needs_compaction(paths):
             compacted = defs.resolve_job_def("compaction").execute_in_process(
-                instance=instance, raise_on_error=False, run_config=quiet
+                instance=instance, raise_on_error=False, run_config=quiet, tags=tags
             )
             steps += failed_steps(compacted) or [
                 StepResult("compact", True, compacted.output_for_node("compact_fragmented_tables"))
@@ -129,7 +133,7 @@ def _pass_off_the_main_thread(data_dir: Path) -> list[StepResult]:
     another thread it leaves both to the watcher, which lets the pass finish."""
     out: list[list[StepResult]] = []
     worker = threading.Thread(
-        target=lambda: out.append(run_pipeline(data_dir)), name="pipeline-pass"
+        target=lambda: out.append(run_pipeline(data_dir, BY_THE_WATCHER)), name="pipeline-pass"
     )
     worker.start()
     worker.join()
@@ -148,11 +152,12 @@ def watch_pipeline(
     sensor's rule: a file landed since the last pass began, by `landing_mark`), until stop is
     set; a pass under way finishes first. Dagster and the project are imported once, before the
     first files land, not per pass: at 10M messages a pass of a few messages took a median of
-    24.4 s, against 30-32 s for a new process each (bench/freshness.py, 2026-11-24). Runs are
-    recorded in the Dagster instance as `mallard pipeline run` records them. A failed pass is
+    24.4 s, against 30-32 s for a new process each (bench/freshness.py). Runs are
+    recorded in the Dagster instance, launched by `BY_THE_WATCHER`. A failed pass is
     retried after retry_s, or sooner when new files land. Holds the watcher lock throughout:
     while it runs, the daemon's sensors and schedule leave passes to it (raises WatcherRunning
-    if another watcher of the data dir runs). Returns the number of passes."""
+    if another watcher of the data dir runs; see orchestration/defs/scheduling.py). Returns the
+    number of passes."""
     from orchestration.load import landed_since, landing_mark
     from orchestration.locks import watcher_lock
 
@@ -183,5 +188,7 @@ def warm_up(data_dir: Path) -> None:
     dagster-dbt and dbt imported, the definitions built from the manifest."""
     import dbt.cli.main  # noqa: F401 - imported for its cost, before the first pass
 
+    from orchestration.defs import build_definitions
+
     with contextlib.suppress(Exception):  # a broken project: the first pass reports it
-        _definitions(data_dir)
+        build_definitions(data_dir)

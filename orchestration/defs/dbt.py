@@ -1,4 +1,5 @@
-"""The dbt project as Dagster assets; the manifest is parsed offline when missing or stale."""
+"""The dbt project as Dagster assets, grouped by layer; the manifest is parsed offline when
+missing or stale."""
 # No `from __future__ import annotations`: Dagster reads the context type hints at runtime.
 
 import fcntl
@@ -6,24 +7,33 @@ import functools
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
-from dagster_dbt import DbtCliInvocation, DbtCliResource, dbt_assets
+from dagster_dbt import (
+    DagsterDbtTranslator,
+    DbtCliInvocation,
+    DbtCliResource,
+    DbtProject,
+    build_dbt_asset_selection,
+    dbt_assets,
+)
 from dbt.version import __version__ as dbt_version
 from packaging import version
 
+from mallard.paths import DataPaths
 from mallard.settings import get_settings
-from orchestration.context import DBT_DIR, data_paths, dbt_env, yield_cpu_to_readers
+from orchestration.context import DBT_DIR, dbt_env, yield_cpu_to_readers
 from orchestration.dbt_in_process import in_process_dbt
-from orchestration.locks import build_lock
+from orchestration.environment import dbt_environment
+from orchestration.resources import LakeResource
 from orchestration.window import (
+    LIGHT_TESTS,
     current_window,
-    open_pass,
     dbt_build_args,
-    full_tests_due,
+    open_pass,
     record_full_tests_passed,
 )
 
@@ -40,13 +50,14 @@ def _dbt_executable() -> Path:
     return Path(sys.executable).parent / "dbt"
 
 
-def ensure_manifest(target: Path) -> Path:
-    """`dbt parse` into target when the manifest is missing or older than the project."""
+def ensure_manifest(paths: DataPaths) -> Path:
+    """`dbt parse` into the data dir's dbt target when the manifest is missing or older than the
+    project."""
+    target = paths.dbt_target
     manifest = target / "manifest.json"
     if manifest.exists() and manifest.stat().st_mtime >= _newest_source_mtime():
         return manifest
     target.mkdir(parents=True, exist_ok=True)
-    paths = data_paths()
     with open(target / ".parse.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if manifest.exists() and manifest.stat().st_mtime >= _newest_source_mtime():
@@ -71,6 +82,16 @@ def ensure_manifest(target: Path) -> Path:
     return manifest
 
 
+class LayerTranslator(DagsterDbtTranslator):
+    """A model's asset group is its layer: the first folder under models/ (staging,
+    intermediate, marts, state, ...), so a new layer folder is a new group."""
+
+    def get_group_name(self, dbt_resource_props: Mapping[str, Any]) -> str | None:
+        fqn = dbt_resource_props.get("fqn") or []
+        # fqn: project, the folders under models/, the model; a model at the top has no layer.
+        return str(fqn[1]) if len(fqn) > 2 else super().get_group_name(dbt_resource_props)
+
+
 class DbtResource(DbtCliResource):
     """dagster-dbt's resource, without two start-up costs of every pass (3.5 s together): it runs
     `dbt --version` in a subprocess to learn the version of the venv's own dbt, and builds a dbt
@@ -84,27 +105,43 @@ class DbtResource(DbtCliResource):
         return None
 
     def cli(self, args: Sequence[str], **kwargs: Any) -> DbtCliInvocation:  # type: ignore[override]
-        """dbt on a thread of this process with MALLARD_DBT_THREADS threads of its own, unless
-        MALLARD_DBT_IN_PROCESS=0 (see orchestration/dbt_in_process.py)."""
-        settings = get_settings()
-        if not settings.dbt_in_process:
+        """dbt on a thread of this process, unless MALLARD_DBT_IN_PROCESS=0 (see
+        orchestration/dbt_in_process.py)."""
+        if not get_settings().dbt_in_process:
             return super().cli(args, **kwargs)
         with in_process_dbt():
-            return super().cli([*args, "--threads", str(settings.dbt_threads)], **kwargs)
+            return super().cli(args, **kwargs)
 
 
-def build_dbt_assets() -> tuple[Any, DbtCliResource]:
-    paths = data_paths()
-    manifest = ensure_manifest(paths.dbt_target)
+def every_pass_checks(dbt_models: dg.AssetsDefinition) -> dg.AssetSelection:
+    """The dbt assets with the checks of the tests every pass runs (LIGHT_TESTS excluded, as
+    dbt_build_args excludes them). A run that selects a check dbt does not run ends with the
+    check's output not yielded ("did not yield expected outputs") and the check skipped."""
+    return build_dbt_asset_selection([dbt_models], dbt_exclude=LIGHT_TESTS)
 
-    @dbt_assets(manifest=manifest, name="dbt_models")
-    def dbt_models(context: dg.AssetExecutionContext, dbt: DbtCliResource) -> Iterator[Any]:
-        os.environ.update(dbt_env(paths))
+
+def build_dbt_assets(paths: DataPaths) -> tuple[dg.AssetsDefinition, DbtCliResource]:
+    manifest = ensure_manifest(paths)
+    # The project resolves path: selectors (every_pass_checks) against the dbt project dir.
+    project = DbtProject(project_dir=DBT_DIR, target_path=paths.dbt_target)
+
+    @dbt_assets(
+        manifest=manifest,
+        name="dbt_models",
+        project=project,
+        dagster_dbt_translator=LayerTranslator(),
+    )
+    def dbt_models(
+        context: dg.AssetExecutionContext, dbt: DbtCliResource, lake: LakeResource
+    ) -> Iterator[Any]:
+        paths = lake.paths
         yield_cpu_to_readers()
         # One writer of the models at a time: two would conflict on commit.
-        with build_lock(paths):
+        with lake.build_lock(), dbt_environment(paths):
             window = current_window(paths)
-            full_tests = full_tests_due(paths.dbt_target)
+            # The run's selection says which tests it runs: every one unless it is a subset
+            # (the `pipeline` job: the tests every pass runs).
+            full_tests = not context.is_subset
             pass_id = open_pass(paths, window)  # the models' scope: the manifest's newest row
             context.log.info(f"pass {pass_id}: {window}; every test: {full_tests}")
             # A fixed target dir keeps partial parsing warm between runs (one build at a time).

@@ -4,15 +4,17 @@ maintenance (compaction of every table, snapshot expiry, file cleanup) on a sche
 
 import dagster as dg
 
-from orchestration.context import data_paths, yield_cpu_to_readers
-from orchestration.defs.ingest import left_to_the_watcher, run_in_progress
+from orchestration.context import yield_cpu_to_readers
+from orchestration.defs.ingest import run_in_progress
+from orchestration.defs.scheduling import daemon_stands_back
 from orchestration.maintenance import compact_fragmented, maintain, needs_compaction
+from orchestration.resources import LakeResource
 
 
 @dg.op(description="Rewrite files riddled with deletes, merge small files, expire snapshots.")
-def maintain_warehouse(context: dg.OpExecutionContext) -> None:
+def maintain_warehouse(context: dg.OpExecutionContext, lake: LakeResource) -> None:
     yield_cpu_to_readers()
-    result = maintain(data_paths())
+    result = maintain(lake.paths)
     context.log.info(result.summary)
 
 
@@ -21,19 +23,24 @@ def maintenance() -> None:
     maintain_warehouse()
 
 
-maintenance_schedule = dg.ScheduleDefinition(
-    name="maintenance_nightly",
+@dg.schedule(
     job=maintenance,
     cron_schedule="30 3 * * *",
     default_status=dg.DefaultScheduleStatus.RUNNING,
     description="Nightly, when traffic is lowest; it waits for a running dbt build to finish.",
 )
+def maintenance_nightly(
+    context: dg.ScheduleEvaluationContext, lake: LakeResource
+) -> dg.RunRequest | dg.SkipReason:
+    if reason := daemon_stands_back(lake, "nightly maintenance"):
+        return dg.SkipReason(reason)
+    return dg.RunRequest()
 
 
 @dg.op(description="Compact the tables incremental passes fragmented past the threshold.")
-def compact_fragmented_tables(context: dg.OpExecutionContext) -> str:
+def compact_fragmented_tables(context: dg.OpExecutionContext, lake: LakeResource) -> str:
     yield_cpu_to_readers()
-    result = compact_fragmented(data_paths())
+    result = compact_fragmented(lake.paths)
     context.log.info(result.summary)
     return result.summary
 
@@ -49,13 +56,15 @@ def compaction() -> None:
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Starts a compaction when a table has MALLARD_COMPACT_AT_FILES fragments.",
 )
-def fragmentation_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
-    if watcher := left_to_the_watcher():  # it compacts after its passes
+def fragmentation_sensor(
+    context: dg.SensorEvaluationContext, lake: LakeResource
+) -> dg.SensorResult:
+    if watcher := daemon_stands_back(lake, "compaction"):  # it compacts after its passes
         return dg.SensorResult(skip_reason=watcher)
-    tables = needs_compaction(data_paths())
+    tables = needs_compaction(lake.paths)
     if not tables:
         return dg.SensorResult(skip_reason="no table fragmented")
-    if busy := run_in_progress(context, compaction.name):
+    if busy := run_in_progress(context, [compaction.name]):
         return dg.SensorResult(skip_reason=busy)
     names = ", ".join(f"{schema}.{table} ({files} files)" for schema, table, files in tables)
     context.log.info(f"fragmented: {names}")

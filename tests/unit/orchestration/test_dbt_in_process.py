@@ -1,15 +1,63 @@
 """dbt runs on a thread of the pipeline's process (orchestration/dbt_in_process.py), with
-dagster-dbt reading the same JSON lines it reads from a `dbt` subprocess."""
+dagster-dbt reading the same JSON lines it reads from a `dbt` subprocess; and what that module
+assumes of dagster-dbt's internals still holds."""
 
 from __future__ import annotations
 
+import ast
+import inspect
 import json
 import re
+import subprocess
 from pathlib import Path
+
+import dagster_dbt
+from dagster_dbt.core import dbt_cli_invocation
 
 from mallard.harness import mallard
 from orchestration.context import DBT_DIR
-from orchestration.dbt_in_process import DbtThread
+from orchestration.dbt_in_process import CHECKED_AGAINST_DAGSTER_DBT, DbtThread
+
+
+def _calls_of(tree: ast.AST, module: str, name: str) -> list[ast.Call]:
+    return [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == name
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == module
+    ]
+
+
+def test_dagster_dbt_still_starts_dbt_the_way_dbt_thread_stands_in_for() -> None:
+    """An upgrade of dagster-dbt that changes how it starts dbt fails here, not in a pass: the
+    module's `subprocess` (what in_process_dbt swaps), one `subprocess.Popen` call with only
+    keyword arguments DbtThread takes, stdout a pipe with stderr into it, and only the parts of
+    the process DbtThread has. Then CHECKED_AGAINST_DAGSTER_DBT moves to the new release."""
+    assert dbt_cli_invocation.subprocess is subprocess
+    tree = ast.parse(inspect.getsource(dbt_cli_invocation))
+    popens = _calls_of(tree, "subprocess", "Popen")
+    assert len(popens) == 1, [ast.unparse(c) for c in popens]
+    call = popens[0]
+    assert not call.args, ast.unparse(call)
+    keywords = {k.arg: ast.unparse(k.value) for k in call.keywords}
+    accepted = set(inspect.signature(DbtThread).parameters)
+    assert set(keywords) <= accepted, set(keywords) - accepted
+    assert keywords["stdout"] == "subprocess.PIPE"
+    assert keywords["stderr"] == "subprocess.STDOUT"
+    used = {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "process"
+    }
+    thread = DbtThread(["dbt", "--version"])
+    thread.wait(timeout=60)
+    assert used <= set(dir(thread)), used - set(dir(thread))
+    assert dagster_dbt.__version__ == CHECKED_AGAINST_DAGSTER_DBT
 
 
 def _invoked_on(target: Path) -> str:

@@ -78,13 +78,12 @@ def test_hmac_pads_compose_the_hmac_in_duckdb() -> None:
     assert subscription_id(secret, "cust-42") == want
 
 
-def test_definitions_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MALLARD_DATA_DIR", str(tmp_path))
+def test_definitions_load(tmp_path: Path) -> None:
     import dagster as dg
 
     from orchestration.defs import build_definitions
 
-    defs = build_definitions()
+    defs = build_definitions(tmp_path)
     keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
     assert {"raw/messages", "staging/stg_messages", "marts/events", "marts/customers"} <= keys
     graph = defs.resolve_asset_graph()

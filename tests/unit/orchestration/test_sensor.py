@@ -16,57 +16,60 @@ from dagster._core.storage.dagster_run import DagsterRun
 from mallard.harness import REPO
 from mallard.paths import DataPaths
 from orchestration.defs.ingest import backstop_schedule, new_files_sensor
+from orchestration.defs.scheduling import PIPELINE, PIPELINE_EVERY_TEST
 from orchestration.load import landed_since, landing_mark
 from orchestration.locks import WatcherRunning, watcher_lock, watcher_pid
+from orchestration.resources import LakeResource
 from tests.unit.orchestration.test_load import write_landing
 
 
-def _evaluate(instance: dg.DagsterInstance, cursor: str | None = None) -> dg.SensorResult:
-    sensor = new_files_sensor("pipeline")
-    ctx = dg.build_sensor_context(instance=instance, cursor=cursor)
-    result = sensor.evaluate_tick(ctx)
-    return result
+def _lake(paths: DataPaths) -> dict[str, Any]:
+    return {"lake": LakeResource(data_dir=str(paths.root))}
 
 
-def test_new_files_request_one_run_and_an_active_run_holds_the_next(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("MALLARD_DATA_DIR", str(tmp_path))
+def _evaluate(
+    instance: dg.DagsterInstance, paths: DataPaths, cursor: str | None = None
+) -> dg.SensorResult:
+    jobs = [dg.define_asset_job(PIPELINE), dg.define_asset_job(PIPELINE_EVERY_TEST)]
+    ctx = dg.build_sensor_context(instance=instance, cursor=cursor, resources=_lake(paths))
+    return new_files_sensor(jobs).evaluate_tick(ctx)
+
+
+def test_new_files_request_one_run_and_an_active_run_holds_the_next(tmp_path: Path) -> None:
     paths = DataPaths(tmp_path)
     with dg.DagsterInstance.ephemeral() as instance:
-        assert not _evaluate(instance).run_requests  # nothing landed yet
+        assert not _evaluate(instance, paths).run_requests  # nothing landed yet
 
         write_landing(paths, events=50, seed=1, files=1)
-        first = _evaluate(instance)
+        first = _evaluate(instance, paths)
         assert len(first.run_requests) == 1
+        # No tests have passed on this project yet: the pass runs every one.
+        assert first.run_requests[0].job_name == PIPELINE_EVERY_TEST
         cursor = first.cursor
-        assert not _evaluate(instance, cursor).run_requests  # the same files: nothing new
+        assert not _evaluate(instance, paths, cursor).run_requests  # the same: nothing new
 
         write_landing(paths, events=50, seed=2, files=1)
         instance.add_run(
             DagsterRun(job_name="pipeline", run_id="r-active", status=dg.DagsterRunStatus.STARTED)
         )
-        held = _evaluate(instance, cursor)
+        held = _evaluate(instance, paths, cursor)
         assert not held.run_requests and "r-active" in (held.skip_message or "")
 
         instance.delete_run("r-active")  # the run is over
-        assert len(_evaluate(instance, cursor).run_requests) == 1
+        assert len(_evaluate(instance, paths, cursor).run_requests) == 1
 
 
-def test_a_file_whose_name_sorts_first_still_starts_a_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_file_whose_name_sorts_first_still_starts_a_run(tmp_path: Path) -> None:
     """Landing order, not name order: a second collector's file (`t3-...` after `t5-...`) and a
     segment of an earlier day rolled late both land after the last run's cursor."""
-    monkeypatch.setenv("MALLARD_DATA_DIR", str(tmp_path))
     paths = DataPaths(tmp_path)
     with dg.DagsterInstance.ephemeral() as instance:
         write_landing(paths, events=50, seed=5, files=1)
-        cursor = _evaluate(instance).cursor
-        assert not _evaluate(instance, cursor).run_requests
+        cursor = _evaluate(instance, paths).cursor
+        assert not _evaluate(instance, paths, cursor).run_requests
 
         write_landing(paths, events=50, seed=3, files=1)  # sorts before t5-0000
-        second = _evaluate(instance, cursor)
+        second = _evaluate(instance, paths, cursor)
         assert len(second.run_requests) == 1
         cursor = second.cursor
 
@@ -76,7 +79,7 @@ def test_a_file_whose_name_sorts_first_still_starts_a_run(
         tmp = late / ".c9-0001.parquet.tmp"
         tmp.write_bytes(src.read_bytes())
         tmp.rename(late / "c9-0001.parquet")  # lands as the roller lands files
-        assert len(_evaluate(instance, cursor).run_requests) == 1
+        assert len(_evaluate(instance, paths, cursor).run_requests) == 1
 
 
 def test_a_cursor_from_before_landing_marks_counts_as_none(tmp_path: Path) -> None:
@@ -88,21 +91,18 @@ def test_a_cursor_from_before_landing_marks_counts_as_none(tmp_path: Path) -> No
     assert not landed_since(mark, mark)
 
 
-def test_a_live_watcher_holds_the_sensor_and_the_backstop(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_live_watcher_holds_the_sensor_and_the_backstop(tmp_path: Path) -> None:
     """While `mallard pipeline run --watch` runs (as `make run` starts it), the daemon starts no
     pass: the watcher runs them in its warm process. Without it, the daemon does. (The
     compaction sensor: test_maintenance.py.)"""
-    monkeypatch.setenv("MALLARD_DATA_DIR", str(tmp_path))
     paths = DataPaths(tmp_path)
     write_landing(paths, events=50, seed=1, files=1)
-    schedule = backstop_schedule("pipeline")
+    schedule = backstop_schedule()
     with dg.DagsterInstance.ephemeral() as instance:
 
         def evaluations() -> list[Any]:
-            context = dg.build_schedule_context(instance=instance)
-            return [_evaluate(instance), schedule.evaluate_tick(context)]
+            context = dg.build_schedule_context(instance=instance, resources=_lake(paths))
+            return [_evaluate(instance, paths), schedule.evaluate_tick(context)]
 
         with watcher_lock(paths):
             assert watcher_pid(paths) == os.getpid()

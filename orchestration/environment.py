@@ -1,0 +1,66 @@
+"""The one place the orchestrator changes os.environ: what dbt reads from its environment, set for
+the length of a build and put back after it (`dbt_environment`), and the telemetry switches.
+
+dbt reads its profile (the data dir), the subscription-id key and its own DBT_* settings from
+the environment, and a dbt that runs on a thread of the pipeline's process
+(orchestration/dbt_in_process.py) reads this process's. Nothing else in the orchestrator reads
+the environment during a pass: the data dir comes from the `LakeResource`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+from mallard.paths import DataPaths
+from orchestration.warehouse import ensure_secret
+
+# Off for every process the orchestrator and `mallard up` start: dbt's and Dagster's usage
+# reporting would try the network, which a self-hosted install must not need.
+TELEMETRY_OFF = {
+    "DO_NOT_TRACK": "1",
+    "DAGSTER_DISABLE_TELEMETRY": "1",
+    "DBT_SEND_ANONYMOUS_USAGE_STATS": "false",
+}
+
+
+def hmac_pads(secret_hex: str) -> tuple[str, str]:
+    """Inner and outer HMAC-SHA256 pads of the key, hex (RFC 2104)."""
+    key = bytes.fromhex(secret_hex)
+    if len(key) > 64:
+        key = hashlib.sha256(key).digest()
+    key = key.ljust(64, b"\0")
+    return bytes(b ^ 0x36 for b in key).hex(), bytes(b ^ 0x5C for b in key).hex()
+
+
+def dbt_env(paths: DataPaths) -> dict[str, str]:
+    """What the dbt project reads from its environment: the data dir (profiles.yml) and the
+    HMAC pads the customers model computes subscription ids with."""
+    ipad, opad = hmac_pads(ensure_secret(paths))
+    return {
+        "MALLARD_DATA_DIR": str(paths.root),
+        "MALLARD_HMAC_IPAD": ipad,
+        "MALLARD_HMAC_OPAD": opad,
+        **TELEMETRY_OFF,
+    }
+
+
+@contextmanager
+def dbt_environment(
+    paths: DataPaths | None = None, extra: Mapping[str, str] | None = None
+) -> Iterator[None]:
+    """os.environ with `dbt_env(paths)` (when given) and `extra` set, and every variable changed
+    meanwhile (these, or any set inside the block) put back as it was on the way out, so one
+    build's settings never reach the next pass of a long-lived process."""
+    before = dict(os.environ)
+    os.environ.update({**(dbt_env(paths) if paths is not None else {}), **(extra or {})})
+    try:
+        yield
+    finally:
+        for key in set(before) | set(os.environ):
+            if key not in before:
+                os.environ.pop(key, None)
+            elif os.environ.get(key) != before[key]:
+                os.environ[key] = before[key]
