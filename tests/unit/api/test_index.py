@@ -118,6 +118,22 @@ def test_index_is_built_and_used(fast: Warehouse, sql: Warehouse) -> None:
     assert sql.index(sql.snapshot()) is None
 
 
+def test_a_lake_of_another_ducklake_format_is_answered_from_sql(
+    lake: DataPaths, sql: Warehouse, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The index reads DuckLake's files as api/index/ducklake_format.py knows them: a catalog of
+    another format than the one it pins is not indexed, and answers come from SQL."""
+    from api.index import ducklake_format
+
+    monkeypatch.setattr(ducklake_format, "CATALOG_FORMAT", "0.0")
+    wh = Warehouse(lake)
+    snap = wh.snapshot()
+    assert wh.index(snap) is None
+    q = event_query(size=100)
+    assert wh.events(snap, "shop", "SHOP", q) == sql.events(snap, "shop", "SHOP", q)
+    wh.close()
+
+
 ACCOUNT_BRANDS = [
     ("shop", "SHOP"),
     ("shop", "OUTLET"),
