@@ -30,9 +30,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 @pytest.mark.parametrize("path", ["/schema", "/schema/swagger"])
 def test_the_schema_page_renders_offline(server: Server, path: str) -> None:
     doc = httpx.get(f"{server.url}/schema/openapi.json", timeout=30).json()
-    operations = [
-        o for item in doc["paths"].values() for o in item.values() if isinstance(o, dict)
-    ]
+    operations = [o for item in doc["paths"].values() for o in item.values() if isinstance(o, dict)]
     refused: list[str] = []
     loaded: dict[str, int] = {}
 
