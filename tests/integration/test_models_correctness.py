@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -155,6 +156,8 @@ def generate_stream(index: int) -> list[Arrival]:
             msg["properties"] = {"n": rng.randint(1, 9)}
             if msg["event"] == "email opened":
                 msg["properties"]["sendType"] = "email"
+            if ACTIONS[msg["event"]] == "order_completed":  # read by the guide's example model
+                msg["properties"]["revenue"] = f"{msg['properties']['n'] * 9.99:.2f}"
         elif kind == "page":
             msg["event"] = "page"
             msg["name"] = rng.choice(["Home", "Pricing"])
@@ -332,8 +335,11 @@ MARTS = {
     "customer_preferences": ("marketing_preferences", "state"),
     "duplicates": (),
 }
-# The tables above that are no marts (schema `state`: what passes keep for themselves).
-STATE_VIEWS = {"customer_event_winners": "state"}
+# The tables above that are no marts: schema `state` (what passes keep for themselves), and the
+# models of docs/incremental-models.md (schema `examples`, built with MALLARD_DBT_EXAMPLES).
+EXAMPLES = {"customer_activity": (), "order_revenue": ()}
+MARTS |= EXAMPLES
+STATE_VIEWS = {"customer_event_winners": "state"} | {t: "examples" for t in EXAMPLES}
 # The per-customer state passes fold into, compared too: a row a pass leaves behind there (of a
 # customer rebuilt, or a key it no longer has) shows in no mart until a later pass folds it in.
 # Without `pass_through`, which says which pass wrote a row.
@@ -382,7 +388,7 @@ def canonical(rows: list[dict[str, Any]]) -> list[str]:
 
 # The customers mart is built in chunks of this many customers (as 125k at a time at scale), so
 # both its chunked first build and chunked incremental passes are exercised.
-CHUNKED = {"MALLARD_CUSTOMERS_PER_CHUNK": "25"}
+CHUNKED = {"MALLARD_CUSTOMERS_PER_CHUNK": "25", "MALLARD_DBT_EXAMPLES": "true"}
 
 
 # The incremental lake compacts a table once it has two files to rewrite or merge, so passes
@@ -550,6 +556,9 @@ def test_passes_compacted_the_tables_they_fragmented(built: Built) -> None:
 
 def test_building_after_each_slice_equals_one_full_rebuild(built: Built) -> None:
     incremental = built.after_slice[-1]
+    for table in EXAMPLES:  # the comparison below proves little of an empty table
+        assert len(built.full[table]) >= 50, table
+    assert any(r["revenue"] is not None for r in built.full["order_revenue"])
     for table in (*MARTS, *STATE):
         assert len(incremental[table]) == len(built.full[table]), table
         assert canonical(incremental[table]) == canonical(built.full[table]), table
@@ -601,3 +610,20 @@ def test_every_pass_matches_the_oracle(built: Built, pass_index: int) -> None:
 
     dups = {(r["account_id"], r["message_id"]): r["duplicate_count"] for r in marts["duplicates"]}
     assert dups == expected.duplicates
+
+    # The guide's per-customer example: events and distinct actions per customer.
+    per_customer: dict[str, list[str]] = defaultdict(list)
+    for customer_id, _, action in expected.events.values():
+        per_customer[customer_id].append(action)
+    activity = {r["customer_id"]: (r["events"], r["actions"]) for r in marts["customer_activity"]}
+    assert activity == {c: (len(a), len(set(a))) for c, a in per_customer.items()}
+
+
+def test_the_guide_shows_the_example_models_as_they_are() -> None:
+    """docs/incremental-models.md quotes the example models the tests above build: each quoted
+    block is the file it names, so the guide cannot drift from what is tested."""
+    guide = (DBT_DIR.parent / "docs" / "incremental-models.md").read_text()
+    quoted = re.findall(r"<!-- example: (\S+) -->\n```sql\n(.*?)```", guide, re.DOTALL)
+    assert {name for name, _ in quoted} == {f"models/examples/{t}.sql" for t in EXAMPLES}
+    for name, sql in quoted:
+        assert sql == (DBT_DIR / name).read_text(), name

@@ -7,8 +7,8 @@
 -- The state a pass folds its messages into is kept beside the answer: `latest`, each key's
 -- winning value with the keys it won by, and the first message's keys. A pass compares only the
 -- trait rows of the messages it rewrote against those winners, never the customer's history.
--- (Until 2026-11 the winners were a table of their own, one row per customer and key: 5.6M rows
--- at 10M messages, which every +100k pass read, deleted 376k rows from and wrote again.)
+-- The winners are a column of the customer's row, not a table of their own (one row per
+-- customer and key, 5.6M rows at 10M messages, which every pass would read and rewrite in part).
 -- `email_changed_at` is the window end of the pass that last changed the email of a stored
 -- customer (events carry it; a new customer's events are all the pass's own, replaced anyway).
 {{

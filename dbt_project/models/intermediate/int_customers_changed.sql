@@ -2,7 +2,7 @@
 -- the last finished pass belongs to now or belonged to then. `rebuild`: the customer lost a
 -- message (attributed to another customer now, or replaced by an earlier-received copy), so its
 -- per-customer state is rebuilt from all its messages; the others fold the rewritten messages
--- into their stored state (see merging() in macros/incremental_window.sql). A pass that died
+-- into their stored state (see merging() in macros/fold_state.sql). A pass that died
 -- may have changed the state of other customers (those its own attribution gave): its list is
 -- kept (`pass_through` in the window) and they are rebuilt. On a full build: every customer.
 {%- set stored = adapter.get_relation(this.database, this.schema, this.table)

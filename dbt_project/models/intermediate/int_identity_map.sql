@@ -4,8 +4,8 @@
 -- touch (the winner's keys are kept: `identified_at`, `identified_received_at`,
 -- `identified_message_id`). An anonymousId one of whose window messages replaced a stored copy
 -- (`replaces_stored`: the stored winner may be the copy it replaced) is worked out again over
--- all its history. (Until 2026-11-26 every touched anonymousId was: a scan of every stored
--- message's pair columns, ~0.4 s of a +100k pass at 10M.) `changed_at` is the window end of the
+-- all its history; the others are not (working out every touched anonymousId again scans every
+-- stored message's pair columns, ~0.4 s of a +100k pass at 10M). `changed_at` is the window end of the
 -- pass that last changed the userId an anonymousId belongs to: int_messages_identified
 -- attributes its anonymous messages again.
 {{

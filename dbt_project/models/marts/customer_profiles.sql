@@ -3,9 +3,8 @@
 -- preferences (the customer_preferences view). The `customers` view assembles `metadata` from
 -- them and the firstEvent/lastEvent members in customer_event_objects: those are most of a
 -- customer's metadata (4.7 of 5.3 KB at 10M messages) and a pass changes few of them, so they are
--- not written again with every changed customer. (Until 2026-11-26 the rest of the metadata
--- object was a column here too, a patched copy of the traits that each pass computed and wrote
--- again for every changed customer.)
+-- not written again with every changed customer. Nor is the rest of the metadata object (a
+-- patched copy of the traits): the view assembles it from these columns.
 {{
     config(
         materialized='incremental_by_customer',
@@ -17,15 +16,14 @@
 -- depends_on: {{ ref('customer_event_objects') }}
 
 -- Incremental passes fold the messages a pass rewrote into each changed customer's stored row
--- (see merging() in macros/incremental_window.sql): created (and the home brand, the brand of
+-- (see merging() in macros/fold_state.sql): created (and the home brand, the brand of
 -- the first message received), the first anonymousId and last activity by min and max. The
 -- marketing preferences come from the changes of the changed customers, read whole (few): per
 -- key (a channel, a category, unsubscribe-all) the change with the latest event time wins (ties:
 -- later receipt, then messageId), whether it came by the preferences endpoint or by an identify
 -- trait. Only keys ever set appear: defaults (channels opt-in, categories opt-out) are applied
--- against the brand's configured choices where those are known (the API). (Until 2026-11 the
--- preferences and their fold state were a model of their own, int_customer_preferences, which
--- each pass wrote again for every changed customer: 0.65 s of a +100k pass at 10M.)
+-- against the brand's configured choices where those are known (the API). The winners live in
+-- this row, not a model of their own that each pass would write again for every changed customer.
 
 with messages as (
     {{ merge_input(ref('int_messages_identified'), [

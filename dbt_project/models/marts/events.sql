@@ -13,7 +13,7 @@
     )
 }}
 
--- Two selects, not one `or`: see merge_input() in macros/incremental_window.sql.
+-- Two selects, not one `or`: see merge_input() in macros/fold_state.sql.
 with messages as (
     select * from {{ ref('int_messages_identified') }}
     {{ where_rewritten() }}

@@ -5,15 +5,14 @@
 -- The winner of each (customer, action, end) over its candidates is customer_event_winners (a
 -- view), which the `customers` view splices into `metadata` as firstEvent/lastEvent.
 -- A pass appends the candidates of the messages it rewrote without reading what is stored: the
--- earlier winner stays a candidate beside them. At 10M messages (+100k events) the read of the
--- stored winners of the touched actions took ~0.6 s and the delete of the objects they lost to
--- 0.4 s of every pass (until 2026-11-26 the table held winners only). Compaction folds the
--- table back to winners (orchestration/maintenance.py), deleting the candidates that are not
--- customer_event_winners'. A rebuilt customer's candidates are deleted first and computed again
+-- earlier winner stays a candidate beside them (reading the stored winners of the touched
+-- actions and deleting those beaten costs ~1 s of a +100k pass at 10M). Compaction folds the
+-- table back to winners with the fold rule `meta.fold` declares (event_winners, as the view
+-- customer_event_winners), deleting the candidates that are not winners. A rebuilt customer's candidates are deleted first and computed again
 -- from all its messages; a message the pass wrote again loses its earlier candidates.
 -- Like customer_profiles, it holds served customers only: a customer that stops being served
 -- loses its rows, and one served again must be rebuilt (int_customers_changed.rebuild).
--- A mart (row groups of 4,096 rows), sorted by customer: a lookup of one customer reads a row
+-- Row groups of 4,096 rows (schema state, as the marts), sorted by customer: a lookup of one customer reads a row
 -- group of each file, not the table. On a pass its rows are written in customer_profiles'
 -- commit (`commit_with`): the view never combines a pass's objects with the profiles of the pass
 -- before.

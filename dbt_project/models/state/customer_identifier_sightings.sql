@@ -1,12 +1,11 @@
 -- The sightings behind customer_identifiers (a view): per pass and (served customer, identifier
 -- type, identifier) its messages show, the first and last time among them. A pass appends the
 -- sightings of the messages it rewrote, without reading or deleting the stored ones: the view
--- takes the min and max over them, and compaction merges each identifier's rows into one
--- (orchestration/maintenance.py, FOLDS). A message written again only adds a sighting the
--- min and max already hold. A customer rebuilt loses its rows, and gets them again from all its
--- messages. Until 2026-11-26 the mart held one row per identifier, which every pass read, deleted
--- and wrote again for every changed customer (at 10M messages, +100k: ~500k rows; 0.7 s of a
--- pass on a compacted lake, 1.5 s eight passes on). Like customer_profiles, it holds served
+-- takes the min and max over them (fold rule identifier_spans), and compaction merges each
+-- identifier's rows into one by the same rule (`meta.fold`). A message written again only adds a
+-- sighting the min and max already hold. A customer rebuilt loses its rows, and gets them again
+-- from all its messages. (One row per identifier would make every pass read, delete and write
+-- again ~500k rows at 10M messages.) Like customer_profiles, it holds served
 -- customers only: a customer that stops being served loses its rows, and one served again is to
 -- be rebuilt.
 {{
