@@ -12,12 +12,12 @@
   the rule makes of `relation`.
 #}
 {% macro define_fold_rule(rule, body) -%}
-    create or replace macro {{ target.database }}.state.{{ rule }}(candidates) as table
+    create or replace macro {{ this.database }}.state.{{ rule }}(candidates) as table
     {{ body }}
 {%- endmacro %}
 
 {% macro fold_rule(rule, relation) -%}
-    {{ target.database }}.state.{{ rule }}('{{ relation }}')
+    {{ this.database }}.state.{{ rule }}('{{ relation }}')
 {%- endmacro %}
 
 {#

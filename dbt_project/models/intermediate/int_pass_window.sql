@@ -10,19 +10,14 @@ with manifest as (
     where models_epoch = {{ var('mallard__models_epoch') }}
 ),
 
-newest as (
-    select * from manifest
-    order by pass_id desc
-    limit 1
-),
-
+-- An aggregate, so one row even on a lake without passes (nulls: no bounds). arg_max_null, not
+-- arg_max: a whole build's `loaded_after` is null.
 final as (
     select
-        newest.pass_id,
-        newest.loaded_after,
-        newest.loaded_through
-    from (select 1 as one) as always_one_row
-    left join newest on true
+        max(pass_id) as pass_id,
+        arg_max_null(loaded_after, pass_id) as loaded_after,
+        arg_max_null(loaded_through, pass_id) as loaded_through
+    from manifest
 )
 
 select * from final
