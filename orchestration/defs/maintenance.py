@@ -23,8 +23,10 @@ def maintenance() -> None:
     maintain_warehouse()
 
 
+# By job name, here and in the sensor: given the job itself, Definitions binds the lake resource
+# to a copy of the sensor's job through a path of Dagster's that warns on every load.
 @dg.schedule(
-    job=maintenance,
+    job_name="maintenance",
     cron_schedule="30 3 * * *",
     default_status=dg.DefaultScheduleStatus.RUNNING,
     description="Nightly, when traffic is lowest; it waits for a running dbt build to finish.",
@@ -51,7 +53,7 @@ def compaction() -> None:
 
 
 @dg.sensor(
-    job=compaction,
+    job_name="compaction",
     minimum_interval_seconds=30,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Starts a compaction when a table has MALLARD_COMPACT_AT_FILES fragments.",

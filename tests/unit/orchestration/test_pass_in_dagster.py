@@ -1,0 +1,85 @@
+"""What a pass looks like in the Dagster UI, from real passes in this process against a temporary
+lake: the watcher's runs say they are the watcher's, a plain `mallard pipeline run` says so too,
+the dbt assets are grouped by layer, and no run leaves an output it selected without a result."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import dagster as dg
+
+from mallard.paths import DataPaths
+from orchestration.defs import build_definitions
+from orchestration.defs.scheduling import PASS_JOBS, PIPELINE, PIPELINE_EVERY_TEST
+from orchestration.pipeline import (
+    BY_HAND,
+    BY_THE_WATCHER,
+    LAUNCHED_BY,
+    StepResult,
+    run_pipeline,
+    watch_pipeline,
+)
+from tests.unit.orchestration.test_load import write_landing
+
+
+def _watch_two_passes(paths: DataPaths) -> list[list[StepResult]]:
+    """Two passes of the watcher: the first lands files, the second the files landed after it."""
+    reports: list[list[StepResult]] = []
+    stop = threading.Event()
+
+    def report(steps: list[StepResult]) -> None:
+        reports.append(steps)
+        if len(reports) == 1:
+            write_landing(paths, events=40, seed=2, files=1)
+        else:
+            stop.set()
+
+    write_landing(paths, events=120, seed=1)
+    watch_pipeline(paths.root, stop, report, poll_s=0.05)
+    return reports
+
+
+def test_passes_in_the_dagster_ui(tmp_path: Path) -> None:
+    paths = DataPaths(tmp_path)
+    reports = _watch_two_passes(paths)
+    assert len(reports) == 2
+    by_hand = run_pipeline(paths.root)
+    for steps in [*reports, by_hand]:
+        assert all(step.ok for step in steps), steps
+    dbt = [next(s.summary for s in steps if s.name == "dbt build") for steps in reports]
+    assert "unit tests" in dbt[0] and "unit tests" not in dbt[1], dbt  # every test, then fewer
+
+    with dg.DagsterInstance.from_config(str(paths.dagster_home)) as instance:
+        runs = list(reversed(instance.get_runs()))  # oldest first
+        passes = [run for run in runs if run.job_name in PASS_JOBS]
+        # The first pass runs every test (none passed on this project yet); the next ones the
+        # tests every pass runs, in the job that selects only their checks.
+        assert [run.job_name for run in passes] == [PIPELINE_EVERY_TEST, PIPELINE, PIPELINE]
+        assert [run.tags.get(LAUNCHED_BY) for run in passes] == [
+            BY_THE_WATCHER,
+            BY_THE_WATCHER,
+            BY_HAND,
+        ]
+        messages = [
+            event.user_message
+            for run in runs
+            for event in instance.all_logs(run.run_id)
+            if event.user_message
+        ]
+    assert messages, "no events recorded"
+    assert not [m for m in messages if "did not yield" in m]
+    # dagster-dbt says so when dbt ran a test whose check the run did not select.
+    assert not [m for m in messages if "instead of an `AssetCheckResult`" in m]
+
+    graph = build_definitions(paths.root).resolve_asset_graph()
+    groups = {
+        key.to_user_string(): graph.get(key).group_name
+        for key in graph.get_all_asset_keys()
+        if graph.get(key).is_materializable
+    }
+    assert groups["raw/messages"] == "ingest"
+    assert groups["staging/stg_messages"] == "staging"
+    assert groups["intermediate/int_messages_deduped"] == "intermediate"
+    assert groups["marts/events"] == "marts"
+    assert "default" not in groups.values(), groups
