@@ -49,6 +49,8 @@
 {%- endmacro %}
 
 {% macro pass_customer_messages() -%}
+    {#- The strategy per_customer reads int_customers_changed: a dependency of the model too. -#}
+    {%- set changed = ref('int_customers_changed') -%}
     {%- set scoped = ref('int_pass_customer_messages') -%}
     {%- set everything = ref('int_messages_identified') -%}
     {{- scoped if is_incremental() else everything -}}
