@@ -35,14 +35,18 @@ BY_THE_WATCHER = "mallard pipeline run --watch"
 
 def run_pipeline(data_dir: Path, launched_by: str = BY_HAND) -> list[StepResult]:
     from orchestration.defs import build_definitions
-    from orchestration.defs.scheduling import pass_job
+    from orchestration.defs.dbt import pass_subset
+    from orchestration.defs.ingest import PIPELINE
 
     paths = DataPaths(data_dir.resolve())
     try:
         defs = build_definitions(paths.root)
     except Exception as e:  # a broken dbt project fails here, before any run
         return [StepResult("definitions", False, f"{type(e).__name__}: {e}")]
-    job = defs.resolve_job_def(pass_job(paths))
+    job = defs.resolve_job_def(PIPELINE)
+    if subset := pass_subset(paths, defs.resolve_asset_graph):
+        assets, checks = subset
+        job = job.get_subset(asset_selection=assets, asset_check_selection=checks)
     started = datetime.now(UTC)
     log = paths.run_dir / "pipeline.log"
     log.parent.mkdir(parents=True, exist_ok=True)

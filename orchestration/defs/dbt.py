@@ -7,9 +7,10 @@ import functools
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 from dagster_dbt import (
@@ -33,9 +34,15 @@ from orchestration.window import (
     LIGHT_TESTS,
     current_window,
     dbt_build_args,
+    full_tests_due,
     open_pass,
     record_full_tests_passed,
 )
+
+if TYPE_CHECKING:
+    from dagster._core.definitions.assets.graph.asset_graph import AssetGraph
+
+DBT_MODELS = "dbt_models"
 
 
 def _newest_source_mtime() -> float:
@@ -113,21 +120,32 @@ class DbtResource(DbtCliResource):
             return super().cli(args, **kwargs)
 
 
-def every_pass_checks(dbt_models: dg.AssetsDefinition) -> dg.AssetSelection:
-    """The dbt assets with the checks of the tests every pass runs (LIGHT_TESTS excluded, as
-    dbt_build_args excludes them). A run that selects a check dbt does not run ends with the
-    check's output not yielded ("did not yield expected outputs") and the check skipped."""
-    return build_dbt_asset_selection([dbt_models], dbt_exclude=LIGHT_TESTS)
+def pass_subset(
+    paths: DataPaths, graph: Callable[[], "AssetGraph"]
+) -> tuple[AbstractSet[dg.AssetKey], AbstractSet[dg.AssetCheckKey]] | None:
+    """What the next pass selects of the pipeline job, whoever launches it. None, all of it, when
+    every test is due (after the dbt project changed, and on a data dir's first pass); else every
+    asset and the checks of the tests every pass runs (LIGHT_TESTS excluded, as dbt_build_args
+    excludes them): a run that selects a check dbt does not run ends with the check's output not
+    yielded ("did not yield expected outputs") and the check skipped."""
+    if full_tests_due(paths.dbt_target):
+        return None
+    assets = graph()
+    (dbt_models,) = [
+        a for a in assets.assets_defs if a.is_executable and a.node_def.name == DBT_MODELS
+    ]
+    checks = build_dbt_asset_selection([dbt_models], dbt_exclude=LIGHT_TESTS)
+    return assets.materializable_asset_keys, checks.resolve_checks(assets)
 
 
 def build_dbt_assets(paths: DataPaths) -> tuple[dg.AssetsDefinition, DbtCliResource]:
     manifest = ensure_manifest(paths)
-    # The project resolves path: selectors (every_pass_checks) against the dbt project dir.
+    # The project resolves path: selectors (pass_subset) against the dbt project dir.
     project = DbtProject(project_dir=DBT_DIR, target_path=paths.dbt_target)
 
     @dbt_assets(
         manifest=manifest,
-        name="dbt_models",
+        name=DBT_MODELS,
         project=project,
         dagster_dbt_translator=LayerTranslator(),
     )
@@ -140,7 +158,7 @@ def build_dbt_assets(paths: DataPaths) -> tuple[dg.AssetsDefinition, DbtCliResou
         with lake.build_lock(), dbt_environment(paths):
             window = current_window(paths)
             # The run's selection says which tests it runs: every one unless it is a subset
-            # (the `pipeline` job: the tests every pass runs).
+            # (pass_subset: the tests every pass runs).
             full_tests = not context.is_subset
             pass_id = open_pass(paths, window)  # the models' scope: the manifest's newest row
             context.log.info(f"pass {pass_id}: {window}; every test: {full_tests}")

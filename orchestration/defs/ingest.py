@@ -2,18 +2,16 @@
 # No `from __future__ import annotations`: Dagster reads the context type hints at runtime.
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any
 
 import dagster as dg
 
-from orchestration.defs.scheduling import PASS_JOBS, PIPELINE, daemon_stands_back, pass_job
+from orchestration.defs.dbt import pass_subset
+from orchestration.defs.scheduling import daemon_stands_back
 from orchestration.load import landed_since, landing_mark, load_new_files
 from orchestration.resources import LakeResource
 
-if TYPE_CHECKING:
-    from dagster._core.definitions.unresolved_asset_job_definition import (
-        UnresolvedAssetJobDefinition,
-    )
+PIPELINE = "pipeline"
 
 RAW_MESSAGES = dg.AssetKey(["raw", "messages"])
 ACTIVE_RUN_STATUSES = [
@@ -55,11 +53,30 @@ def run_in_progress(context: dg.SensorEvaluationContext, job_names: Sequence[str
     return None
 
 
-def new_files_sensor(jobs: Sequence["UnresolvedAssetJobDefinition"]) -> dg.SensorDefinition:
-    """The pass jobs' sensor: a run of `pass_job`'s job when files landed since the last."""
+def pass_request(
+    context: dg.SensorEvaluationContext | dg.ScheduleEvaluationContext,
+    lake: LakeResource,
+    run_key: str | None = None,
+) -> dg.RunRequest:
+    """A run of the pipeline job with the selection of the next pass (`pass_subset`)."""
 
+    def graph() -> Any:
+        # The daemon evaluates sensors and schedules with their repository.
+        assert context.repository_def is not None
+        return context.repository_def.asset_graph
+
+    subset = pass_subset(lake.paths, graph)
+    if subset is None:
+        return dg.RunRequest(run_key=run_key)
+    assets, checks = subset
+    return dg.RunRequest(
+        run_key=run_key, asset_selection=list(assets), asset_check_keys=list(checks)
+    )
+
+
+def new_files_sensor() -> dg.SensorDefinition:
     @dg.sensor(
-        jobs=jobs,
+        job_name=PIPELINE,
         minimum_interval_seconds=10,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description="Runs the pipeline when new landing files appear.",
@@ -74,18 +91,14 @@ def new_files_sensor(jobs: Sequence["UnresolvedAssetJobDefinition"]) -> dg.Senso
             return dg.SensorResult(skip_reason=watcher)
         # One pass loads every file landed so far: while one is queued or running, more
         # requests would only queue up behind it (measured: 5 runs deep, p50 freshness 198 s).
-        if busy := run_in_progress(context, PASS_JOBS):
+        if busy := run_in_progress(context, [PIPELINE]):
             return dg.SensorResult(skip_reason=busy)
-        request = dg.RunRequest(run_key=mark, job_name=pass_job(lake.paths))
-        return dg.SensorResult(run_requests=[request], cursor=mark)
+        return dg.SensorResult(run_requests=[pass_request(context, lake, mark)], cursor=mark)
 
     return landing_files_sensor
 
 
 def backstop_schedule() -> dg.ScheduleDefinition:
-    """A pass every 15 minutes when the sensor missed files; it runs the tests every pass runs
-    (the next pass the sensor or the watcher starts runs every test when that is due)."""
-
     @dg.schedule(
         name="pipeline_backstop",
         job_name=PIPELINE,
@@ -98,6 +111,6 @@ def backstop_schedule() -> dg.ScheduleDefinition:
     ) -> dg.RunRequest | dg.SkipReason:
         if watcher := daemon_stands_back(lake, "pass"):
             return dg.SkipReason(watcher)
-        return dg.RunRequest()
+        return pass_request(context, lake)
 
     return pipeline_backstop

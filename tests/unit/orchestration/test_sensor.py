@@ -16,7 +16,6 @@ from dagster._core.storage.dagster_run import DagsterRun
 from mallard.harness import REPO
 from mallard.paths import DataPaths
 from orchestration.defs.ingest import backstop_schedule, new_files_sensor
-from orchestration.defs.scheduling import PIPELINE, PIPELINE_EVERY_TEST
 from orchestration.load import landed_since, landing_mark
 from orchestration.locks import WatcherRunning, watcher_lock, watcher_pid
 from orchestration.resources import LakeResource
@@ -27,12 +26,10 @@ def _lake(paths: DataPaths) -> dict[str, Any]:
     return {"lake": LakeResource(data_dir=str(paths.root))}
 
 
-def _evaluate(
-    instance: dg.DagsterInstance, paths: DataPaths, cursor: str | None = None
-) -> dg.SensorResult:
-    jobs = [dg.define_asset_job(PIPELINE), dg.define_asset_job(PIPELINE_EVERY_TEST)]
+def _evaluate(instance: dg.DagsterInstance, paths: DataPaths, cursor: str | None = None) -> Any:
+    """The sensor's tick (run requests, cursor, skip message)."""
     ctx = dg.build_sensor_context(instance=instance, cursor=cursor, resources=_lake(paths))
-    return new_files_sensor(jobs).evaluate_tick(ctx)
+    return new_files_sensor().evaluate_tick(ctx)
 
 
 def test_new_files_request_one_run_and_an_active_run_holds_the_next(tmp_path: Path) -> None:
@@ -43,8 +40,8 @@ def test_new_files_request_one_run_and_an_active_run_holds_the_next(tmp_path: Pa
         write_landing(paths, events=50, seed=1, files=1)
         first = _evaluate(instance, paths)
         assert len(first.run_requests) == 1
-        # No tests have passed on this project yet: the pass runs every one.
-        assert first.run_requests[0].job_name == PIPELINE_EVERY_TEST
+        # No tests have passed on this project yet: the pass runs all of the job, every test.
+        assert first.run_requests[0].asset_check_keys is None
         cursor = first.cursor
         assert not _evaluate(instance, paths, cursor).run_requests  # the same: nothing new
 
