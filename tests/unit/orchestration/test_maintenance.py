@@ -17,7 +17,12 @@ from mallard.warehouse import connect
 from orchestration.defs.maintenance import compaction, fragmentation_sensor, maintenance
 from orchestration.locks import watcher_lock
 from orchestration.maintenance import compact_fragmented, maintain, needs_compaction
+from orchestration.resources import LakeResource
 from orchestration.warehouse import ensure_warehouse
+
+
+def _lake(data_dir: Path) -> dict[str, LakeResource]:
+    return {"lake": LakeResource(data_dir=str(data_dir))}
 
 
 def _files(paths: DataPaths) -> list[tuple[str, str | None]]:
@@ -121,7 +126,9 @@ def test_the_maintenance_job_runs_in_dagster(
         # its thread's priority (yield_cpu_to_readers), which on this test's main thread stayed
         # for every later test and every server they started.
         worker = threading.Thread(
-            target=lambda: runs.append(maintenance.execute_in_process(instance=instance))
+            target=lambda: runs.append(
+                maintenance.execute_in_process(instance=instance, resources=_lake(tmp_path))
+            )
         )
         worker.start()
         worker.join()
@@ -193,26 +200,36 @@ def test_the_fragmentation_sensor_requests_a_compaction(
     paths = DataPaths(tmp_path)
     ensure_warehouse(paths)
     with dg.DagsterInstance.ephemeral() as instance:
-        quiet = fragmentation_sensor(dg.build_sensor_context(instance=instance))
+        quiet = fragmentation_sensor(
+            dg.build_sensor_context(instance=instance, resources=_lake(tmp_path))
+        )
         assert not quiet.run_requests and quiet.skip_reason  # type: ignore[union-attr]
 
         _fragment(paths, "churned", passes=get_settings().compact_at_files + 2)
-        asked = fragmentation_sensor(dg.build_sensor_context(instance=instance))
+        asked = fragmentation_sensor(
+            dg.build_sensor_context(instance=instance, resources=_lake(tmp_path))
+        )
         assert len(asked.run_requests or []) == 1  # type: ignore[union-attr]
         with watcher_lock(paths):  # the pipeline watcher compacts after its own passes
-            held = fragmentation_sensor(dg.build_sensor_context(instance=instance))
+            held = fragmentation_sensor(
+                dg.build_sensor_context(instance=instance, resources=_lake(tmp_path))
+            )
             assert not held.run_requests  # type: ignore[union-attr]
             assert "pipeline watcher" in held.skip_reason.skip_message  # type: ignore[union-attr]
 
         runs: list[dg.ExecuteInProcessResult] = []
         worker = threading.Thread(  # off the main thread, as in the maintenance job's test
-            target=lambda: runs.append(compaction.execute_in_process(instance=instance))
+            target=lambda: runs.append(
+                compaction.execute_in_process(instance=instance, resources=_lake(tmp_path))
+            )
         )
         worker.start()
         worker.join()
         assert runs[0].success
         assert "intermediate.churned" in runs[0].output_for_node("compact_fragmented_tables")
-        after = fragmentation_sensor(dg.build_sensor_context(instance=instance))
+        after = fragmentation_sensor(
+            dg.build_sensor_context(instance=instance, resources=_lake(tmp_path))
+        )
         assert not after.run_requests  # type: ignore[union-attr]
 
 
