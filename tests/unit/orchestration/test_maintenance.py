@@ -14,9 +14,16 @@ import pytest
 from mallard.paths import DataPaths
 from mallard.settings import get_settings
 from mallard.warehouse import connect
+from orchestration.defs.dbt import ensure_manifest
 from orchestration.defs.maintenance import compaction, fragmentation_sensor, maintenance
 from orchestration.locks import watcher_lock
-from orchestration.maintenance import compact_fragmented, maintain, needs_compaction
+from orchestration.maintenance import (
+    Fold,
+    compact_fragmented,
+    declared_folds,
+    maintain,
+    needs_compaction,
+)
 from orchestration.resources import LakeResource
 from orchestration.warehouse import ensure_warehouse
 
@@ -276,3 +283,22 @@ def test_compacted_files_keep_every_row_findable_by_value(tmp_path: Path) -> Non
     assert found == (2,)
     assert missing == (0,)
     assert result.stats_completed == 1 and "1 column stats completed" in result.summary
+
+
+def test_folds_are_declared_once_in_the_dbt_project(tmp_path: Path) -> None:
+    """Compaction folds the tables whose model declares `meta.fold`, read from dbt's manifest:
+    no fold is written down in Python."""
+    paths = DataPaths(tmp_path)
+    assert declared_folds(paths) == {}  # before dbt parsed the project: compaction folds nothing
+    ensure_manifest(paths)
+    assert declared_folds(paths) == {
+        ("state", "customer_event_objects"): Fold(
+            "event_winners",
+            ("customer_id", "event_action", "end_of_history"),
+            candidate="event_id",
+            unread=("event_object",),
+        ),
+        ("state", "customer_identifier_sightings"): Fold(
+            "identifier_spans", ("customer_id", "account_id", "id_type", "id_value")
+        ),
+    }
