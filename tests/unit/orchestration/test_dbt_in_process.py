@@ -77,15 +77,14 @@ def test_a_pass_runs_dbt_on_a_thread_of_the_pipeline_process(tmp_path: Path) -> 
     mallard("init", data_dir=data)
     target = data / "dbt" / "target"
 
-    models = len(list((DBT_DIR / "models").rglob("*.sql")))
-    built = f"dbt build: {models}/{models} models built"
+    every_model_built = r"dbt build: ([1-9]\d*)/\1 models built"
     out = mallard("pipeline", "run", data_dir=data)
-    assert built in out.stdout, out.stdout
+    assert re.search(every_model_built, out.stdout), out.stdout
     assert _invoked_on(target) == "dbt"
 
     # The next pass leaves the views as the first built them (orchestration/window.py).
     out = mallard("pipeline", "run", data_dir=data, env={"MALLARD_DBT_IN_PROCESS": "0"})
-    assert re.search(r"dbt build: (\d+)/\1 models built", out.stdout), out.stdout
+    assert re.search(every_model_built, out.stdout), out.stdout
     assert _invoked_on(target) == "MainThread"
 
 

@@ -20,6 +20,7 @@ from orchestration.pipeline import (
     run_pipeline,
     watch_pipeline,
 )
+from orchestration.resources import LakeResource
 from tests.unit.orchestration.test_load import write_landing
 
 
@@ -79,7 +80,21 @@ def test_passes_in_the_dagster_ui(tmp_path: Path) -> None:
     # dagster-dbt says so when dbt ran a test whose check the run did not select.
     assert not [m for m in messages if "instead of an `AssetCheckResult`" in m]
 
-    graph = build_definitions(paths.root).resolve_asset_graph()
+    # The daemon's sensor asks for the same selection as the watcher's passes.
+    defs = build_definitions(paths.root)
+    write_landing(paths, events=10, seed=3, files=1)
+    with dg.DagsterInstance.ephemeral() as instance:
+        tick = defs.resolve_sensor_def("landing_files_sensor").evaluate_tick(
+            dg.build_sensor_context(
+                instance=instance,
+                definitions=defs,
+                resources={"lake": LakeResource(data_dir=str(paths.root))},
+            )
+        )
+    (request,) = tick.run_requests or []
+    assert request.asset_check_keys and len(request.asset_check_keys) == checks[1]
+
+    graph = defs.resolve_asset_graph()
     groups = {
         key.to_user_string(): graph.get(key).group_name
         for key in graph.get_all_asset_keys()
