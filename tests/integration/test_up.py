@@ -1,6 +1,6 @@
 """`mallard up`, what `make run` runs: server, demo data, a first pass, the pipeline watcher, the
-Dagster UI and daemon, and Ctrl-C stopping them all. After start-up the watcher runs the passes in
-its warm process; the daemon's sensor sees files land and stands back."""
+Dagster UI and daemon, and Ctrl-C or SIGTERM stopping them all, saying so. After start-up the
+watcher runs the passes in its warm process; the daemon's sensor sees files land and stands back."""
 
 from __future__ import annotations
 
@@ -46,8 +46,11 @@ def _sensor_skips(home: Path, sensor: str) -> list[str]:
         ]
 
 
-def test_make_run_starts_everything_and_the_watcher_runs_the_passes(tmp_path: Path) -> None:
-    data = tmp_path / "data"
+CHILDREN = ("server", "pipeline-watch", "dagster-webserver", "dagster-daemon")
+
+
+def _start(data: Path) -> tuple[subprocess.Popen[str], list[str]]:
+    """`mallard up` on free ports, its output collected line by line."""
     port, dagster_port = free_port(), free_port()
     lines: list[str] = []
     proc = subprocess.Popen(
@@ -62,6 +65,28 @@ def test_make_run_starts_everything_and_the_watcher_runs_the_passes(tmp_path: Pa
     assert proc.stdout is not None
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout or []), daemon=True)
     reader.start()
+    return proc, lines
+
+
+def _stop(proc: subprocess.Popen[str], sig: int, paths: DataPaths, log: Callable[[], str]) -> str:
+    """Send sig; `mallard up` must exit 0 having stopped every child, and say so. Its output."""
+    children = {name: int((paths.run_dir / f"{name}.pid").read_text()) for name in CHILDREN}
+    proc.send_signal(sig)
+    assert proc.wait(90) == 0, log()
+    for name, pid in children.items():
+        assert not Path(f"/proc/{pid}").exists(), f"{name} (pid {pid}) still runs"
+    assert not [n for n in CHILDREN if (paths.run_dir / f"{n}.pid").exists()], log()
+    assert watcher_pid(paths) is None
+    out = log()
+    why = "SIGTERM" if sig == signal.SIGTERM else "Ctrl-C"
+    assert f"{why}: stopping {', '.join(CHILDREN)}" in out, out
+    assert "Mallard stopped." in out, out
+    return out
+
+
+def test_make_run_starts_everything_and_the_watcher_runs_the_passes(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    proc, lines = _start(data)
     paths = DataPaths(data.resolve())
 
     def log() -> str:
@@ -74,7 +99,8 @@ def test_make_run_starts_everything_and_the_watcher_runs_the_passes(tmp_path: Pa
         token = re.search(r"auth-token: (\S+)", out)
         base = re.search(r"curl -s '(\S+)/events/", out)
         assert token and base and re.search(r"writeKey:\s+\S+", out), out
-        assert f"http://127.0.0.1:{dagster_port}" in out and "pipeline run --watch" in out
+        assert re.search(r"Dagster UI: +http://127\.0\.0\.1:\d+", out), out
+        assert "pipeline run --watch" in out
         client = httpx.Client(base_url=base[1], headers={"auth-token": token[1]}, timeout=10)
 
         # The first pass ran before the banner: the demo customers are served.
@@ -112,15 +138,14 @@ def test_make_run_starts_everything_and_the_watcher_runs_the_passes(tmp_path: Pa
         assert len(runs) >= 2  # the first pass and the watcher's, both shown in the UI
         assert not [r.run_id for r in runs if "dagster/sensor_name" in r.tags]
 
-        children = {
-            name: int((paths.run_dir / f"{name}.pid").read_text())
-            for name in ("server", "pipeline-watch", "dagster-webserver", "dagster-daemon")
-        }
-        proc.send_signal(signal.SIGINT)  # Ctrl-C
-        assert proc.wait(90) == 0, log()
-        for name, pid in children.items():
-            assert not Path(f"/proc/{pid}").exists(), f"{name} (pid {pid}) still runs"
-        assert watcher_pid(paths) is None
+        _stop(proc, signal.SIGINT, paths, log)  # Ctrl-C
+
+        # Again on the same data (no demo traffic this time), stopped as a service manager does.
+        proc, lines = _start(data)
+        _wait(
+            "the start-up banner again", lambda: "Press Ctrl-C to stop." in "".join(lines), 420, log
+        )
+        _stop(proc, signal.SIGTERM, paths, log)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
