@@ -66,7 +66,7 @@ def event_queries(lake: Lake) -> list[str]:
 def uncached_event_queries(lake: Lake) -> list[str]:
     """Newest-first pages of each hour of the traffic: every page reads a row group no other
     page reads (720 of them at 30 days, several GB decoded), so the read index's row-group cache
-    (api/index.py, 256 MB) rarely holds it: a page's cost when nobody asked for it just before."""
+    (api/index/, 256 MB) rarely holds it: a page's cost when nobody asked for it just before."""
     t = lake.traffic
     hours = int(t.span_days * 24)
     return [

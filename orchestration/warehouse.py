@@ -19,7 +19,7 @@ SCHEMAS = ("raw", "staging", "intermediate", "marts", "state")
 # groups, LZ4, no inlined rows (below).
 LOOKUP_SCHEMAS = ("marts", "state")
 # The read API fetches one event record or profile by reading the Parquet row group holding it;
-# DuckDB's default (122,880 rows) made that ~40 ms, 4,096 rows ~1 ms (api/index.py).
+# DuckDB's default (122,880 rows) made that ~40 ms, 4,096 rows ~1 ms (api/index/).
 MARTS_ROW_GROUP_ROWS = 4096
 # The codec of the marts' files. That read decompresses the whole row group of a JSON column:
 # with LZ4 a 4,096-row group of events' `record` took 1.5-2.4 ms and of customers' `metadata`

@@ -14,7 +14,7 @@ Every pass after the first is incremental (the models take only the messages loa
 last finished pass), and folds them into the stored per-customer state. Two passes die before
 they finish: one after attribution, one after the customers mart (every per-customer state
 already folded once); the next pass must recover from each.
-The oracle below implements INTERFACE.md 2.5 and DESIGN.md 5 directly from the client messages
+The oracle below implements the identity, trait and time rules directly from the client messages
 and their receipt times, independently of the SQL models.
 """
 
@@ -56,7 +56,7 @@ INTERRUPTED = {
 }
 SEED = 20240301
 CLIENT = "demo"
-# Track names and the action each must get (INTERFACE.md 2.8), plus the other message kinds.
+# Track names and the action each must get, plus the other message kinds.
 ACTIONS = {
     "Logged In": "logged_in",
     "email opened": "email_opened",
@@ -250,7 +250,7 @@ def _parse(value: str) -> datetime:
 
 
 def event_time(a: Arrival) -> datetime:
-    """DESIGN.md 5: no timestamp means receipt; with sentAt, received - (sentAt - timestamp)."""
+    """No timestamp means receipt; with sentAt, received - (sentAt - timestamp)."""
     if "timestamp" not in a.msg:
         return a.received
     ts = _parse(a.msg["timestamp"])

@@ -1,4 +1,4 @@
--- One row per customer: the current traits object (INTERFACE.md 2.5). Per top-level key the value
+-- One row per customer: the current traits object. Per top-level key the value
 -- with the latest event time wins (ties: later receipt, then messageId), whatever order messages
 -- arrived in; objects and arrays are replaced whole. `name` is filled from firstName/lastName when
 -- absent or null. `campaign` is the context campaign of the customer's first message by event

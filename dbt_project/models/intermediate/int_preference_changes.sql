@@ -153,7 +153,7 @@ interface_channels as (
 ),
 
 identify_unlisted_channels as (
-    -- An array trait is replaced whole (INTERFACE.md 2.5 rule 3) and channels are opt-in: a
+    -- An array trait is replaced whole and channels are opt-in: a
     -- channel the identify's `channels` array leaves out is unsubscribed by it.
     select
         identifies.customer_id,

@@ -1,5 +1,5 @@
 -- One row per served customer with a subscription id (grain: subscription_id): what the
--- marketing-preferences endpoints read (INTERFACE.md 2.6, 4.5). The subscription id is the
+-- marketing-preferences endpoints read. The subscription id is the
 -- only key; it is never listed by any API.
 -- A view of customer_profiles, which carries these columns: a table of its own would be written
 -- again for each changed customer though preferences rarely change.

@@ -1,5 +1,5 @@
 -- One row per served customer (grain: customer_id): the traits object, the columns the metadata
--- object of INTERFACE.md 2.9 is made of, typed columns for lookups, and the customer's marketing
+-- object is made of, typed columns for lookups, and the customer's marketing
 -- preferences (the customer_preferences view). The `customers` view assembles `metadata` from
 -- them and the firstEvent/lastEvent members in customer_event_objects: those are most of a
 -- customer's metadata (4.7 of 5.3 KB at 10M messages) and a pass changes few of them, so they are
@@ -204,7 +204,7 @@ traits_objects as (
     select
         *,
         -- The patch drops keys patched with null, yet an anonymous customer's traits still show
-        -- `"externalId": null` (INTERFACE.md 2.9): put it back in front of the object.
+        -- `"externalId": null`: put it back in front of the object.
         case
             when user_id is null
                 then ('{"externalId":null,' || substr(patched_traits::varchar, 2))::json

@@ -1,5 +1,5 @@
--- One row per served customer (grain: customer_id): the traits object and the metadata object of
--- INTERFACE.md 2.9, with typed columns for lookups. A view: customer_profiles holds each
+-- One row per served customer (grain: customer_id): the traits and metadata objects of the
+-- profile API, with typed columns for lookups. A view: customer_profiles holds each
 -- customer's traits and the columns of its metadata, assembled here, and the firstEvent/lastEvent
 -- members of `metadata` are spliced in from the winners among the candidates in
 -- customer_event_objects (a pass adds only candidates of the members it changes). A lookup by

@@ -1,5 +1,5 @@
 -- One row per deduplicated message of a served customer (grain: event_id), in the shape of the
--- event record of INTERFACE.md 2.8 (`record`), with typed columns for filtering. Written in the
+-- event record (`record`), with typed columns for filtering. Written in the
 -- order pages list events, so a page's records share a few Parquet row groups: unsorted, a page of
 -- the read API read ~100 row groups (p50 61 ms vs ~4 ms at 10M events).
 -- Incrementally, the events of the messages a pass rewrote are replaced, and every event of a

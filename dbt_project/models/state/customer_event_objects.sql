@@ -1,4 +1,4 @@
--- Candidates for the event objects (INTERFACE.md 2.9) of served customers: per (customer, event
+-- Candidates for the event objects of served customers: per (customer, event
 -- action, end of history `first` or `last`), the first or last event of that action by event
 -- time (ties: receipt, then eventId) among the messages of one pass, with the keys it is ranked
 -- by.

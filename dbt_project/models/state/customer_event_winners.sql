@@ -1,5 +1,5 @@
 -- One row per (served customer, event action, end of history `first` or `last`): the event object
--- (INTERFACE.md 2.9) of the customer's first or last event of that action by event time (ties:
+-- of the customer's first or last event of that action by event time (ties:
 -- receipt, then eventId), the winner among its candidates in customer_event_objects. Fold rule
 -- event_winners (macros/folds.sql), which compaction also uses to delete the candidates that are
 -- not winners. At 10M messages a lookup by customer_id takes ~60 ms: the filter reaches the scan
