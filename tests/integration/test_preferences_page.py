@@ -183,10 +183,10 @@ def test_unsubscribes_from_the_page_carry_the_campaign_after_the_pipeline(
     } == {"SPRING-24"}
 
 
-def test_readme_self_hosted_page_example_works(env: PrefsEnv, tmp_path: Path) -> None:
-    readme = (REPO / "README.md").read_text()
-    found = re.search(r"<!-- self-hosted-example.*?-->\n```python\n(.*?)```", readme, re.S)
-    assert found, "README lost its self-hosted page example"
+def test_docs_self_hosted_page_example_works(env: PrefsEnv, tmp_path: Path) -> None:
+    doc = (REPO / "docs" / "preferences.md").read_text()
+    found = re.search(r"<!-- self-hosted-example.*?-->\n```python\n(.*?)```", doc, re.S)
+    assert found, "docs/preferences.md lost its self-hosted page example"
     script = tmp_path / "prefs.py"
     script.write_text(found.group(1))
     port, log = free_port(), tmp_path / "prefs.log"
