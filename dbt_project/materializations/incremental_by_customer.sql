@@ -49,9 +49,8 @@
             | replace('__customer_chunks__', chunks | string)
             | replace('__customer_chunk__', i | string) -%}
         {#- On a pass, outside the transaction: the chunks only read the lake (into a temp table or
-            dbt's in-memory database), and other models' builds go on while they run; the
-            transaction that writes the lake begins with the replacing below
-            (orchestration/lake_writes.py). A full build writes its new table in the transaction. -#}
+            dbt's in-memory database); the transaction that writes the lake begins with the
+            replacing below. A full build writes its new table in the transaction. -#}
         {%- call statement('chunk_' ~ i, auto_begin=full) -%}
             {%- if loop.first %}
             create {{ 'table' if full else 'or replace table' if config.get('commit_with')
