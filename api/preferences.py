@@ -1,4 +1,4 @@
-"""Marketing preferences by subscription id (INTERFACE.md 2.6, 4.5): read, validate, write.
+"""Marketing preferences by subscription id: read, validate, write.
 
 The state of record is the dbt model `customer_profiles` (read through the view
 `customer_preferences`): per key (a channel, a category, unsubscribe-all) the change with the
@@ -89,7 +89,7 @@ class Subscriber:
 def resource(
     sub: Subscriber, choices: Choices, state: dict[tuple[str, str], bool], write_key: str | None
 ) -> dict[str, Any]:
-    """The preferences resource of INTERFACE.md 2.6: channels opt-in, categories opt-out."""
+    """The preferences resource: channels opt-in, categories opt-out."""
     return {
         "writeKey": write_key or "",
         "customerId": sub.customer_id,
@@ -147,7 +147,7 @@ def _items(body: dict[str, Any], field: str, key: str, allowed: list[str]) -> di
 
 
 def parse_update(raw: bytes, choices: Choices) -> Update:
-    """The update body of INTERFACE.md 2.6, checked against the brand's choices."""
+    """The update body, checked against the brand's choices."""
     body = decode_object(raw)
     unknown = sorted(set(body) - set(UPDATE_FIELDS))
     if unknown:

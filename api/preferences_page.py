@@ -1,4 +1,4 @@
-"""The hosted preferences page (INTERFACE.md 4.5): one self-contained HTML document.
+"""The hosted preferences page: one self-contained HTML document.
 
 No external assets (inline CSS and JS; the Content-Security-Policy forbids anything else). The
 page is server-rendered, so it shows the saved state and works as plain HTML forms without

@@ -1,4 +1,4 @@
-"""Validation and server stamping of incoming calls (INTERFACE.md 2.2, 2.3; DESIGN.md 5).
+"""Validation and server stamping of incoming calls.
 
 Every endpoint family (server HTTP, tag, mobile, Segment drop-in) goes through these two steps:
 `validate(kind, msg, ...)` raises InvalidRequest naming the field and the rule, and

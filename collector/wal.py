@@ -2,7 +2,7 @@
 
 A request is acknowledged only after its record is written and fdatasync'ed. Records that
 arrive while an fsync is running are written and synced together by the next round, so
-concurrent requests share fsyncs (~0.2 ms each here, DESIGN.md section 8).
+concurrent requests share fsyncs (~0.2 ms each here).
 
 Frame: 4-byte little-endian length, 4-byte CRC32 of the payload, payload. A torn tail (a crash
 mid-write) fails the length or CRC check and is dropped on recovery; it was never acknowledged.

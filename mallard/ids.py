@@ -1,6 +1,6 @@
 """Time-ordered unique ids (UUIDv7 layout) for eventIds and generated messageIds.
 
-uuid4() costs ~2.6 us per call (DESIGN.md section 8); this takes the random part once per
+uuid4() costs ~2.6 us per call; this takes the random part once per
 process and a counter after it, so ids sort by creation time and never repeat.
 """
 

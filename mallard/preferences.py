@@ -1,5 +1,5 @@
 """Marketing preference channels and categories per account and brand, as code
-(`config/preferences.toml`, INTERFACE.md 2.6)."""
+(`config/preferences.toml`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Per-key token buckets: 100 requests/s with a burst of 500 by default (INTERFACE.md 8)."""
+"""Per-key token buckets: 100 requests/s with a burst of 500 by default."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Wire and storage shapes shared by the collector, the loader and the API.
 
-A *stored message* is the client's message with the server fields stamped on it (INTERFACE.md
-2.3): eventId, messageId, receivedAt, sentAt, timestamp, channel, version, type, and the tenant
+A *stored message* is the client's message with the server fields stamped on it:
+eventId, messageId, receivedAt, sentAt, timestamp, channel, version, type, and the tenant
 ids clientId/accountId/brandId. It is kept whole as JSON; the landing Parquet files and
 `raw.messages` also carry the typed columns below, so loads and models need not parse JSON to
 route, deduplicate or order.

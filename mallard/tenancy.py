@@ -54,7 +54,7 @@ create table if not exists write_keys (
 );
 """
 
-# Scope kinds, widest first (INTERFACE.md section 5.2).
+# Scope kinds, widest first.
 SCOPE_KINDS = ("client", "account", "brands", "brand")
 
 

@@ -2,7 +2,7 @@
 
 A DuckLake read costs catalog round trips, Parquet footers and the decoding of whole row
 groups: ~50 ms for a point lookup and seconds for a newest-first page over 10M events
-(measured; DESIGN.md 8). An index holds, per row, a key hash and a position (a few bytes), the
+(measured). An index holds, per row, a key hash and a position (a few bytes), the
 traits of each customer, and the location of each event record in the lake's Parquet data
 files; an answer is then a binary search plus the read of one small row group, decoded once
 while it stays in a cache of recently read row groups (_GroupCache).

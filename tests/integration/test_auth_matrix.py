@@ -1,4 +1,4 @@
-"""Every tenant route x every kind of credential: status and body (INTERFACE.md 5 and 7).
+"""Every tenant route x every kind of credential: status and body.
 
 The routes come from the app itself, so a new route cannot be left out of the matrix.
 """

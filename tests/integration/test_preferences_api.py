@@ -1,4 +1,4 @@
-"""Marketing preferences API (INTERFACE.md 2.6, 4.5) against a real server and pipeline.
+"""Marketing preferences API against a real server and pipeline.
 
 Two pipeline runs for the module: one to create the customers (subscription ids come from the
 warehouse), one after the updates, to see them as events, traits and model state.

@@ -1,4 +1,4 @@
-"""The hosted preferences page (INTERFACE.md 4.5) driven in headless Debian Chromium."""
+"""The hosted preferences page driven in headless Debian Chromium."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Real client SDKs and the mobile/tag wire format against a real server (INTERFACE.md 4.2, 5.3;
-DESIGN.md 6): @segment/analytics-node, segment-analytics-python and rudder-sdk-python change only
-their host; mobile batches keep their order; text/plain and gzip bodies; writeKey from the body
-or Basic auth; CORS; metrics; limits. One pipeline run serves every read-API assertion.
+"""Real client SDKs and the mobile/tag wire format against a real server:
+@segment/analytics-node, segment-analytics-python and rudder-sdk-python change only their host;
+mobile batches keep their order; text/plain and gzip bodies; writeKey from the body or Basic
+auth; CORS; metrics; limits. One pipeline run serves every read-API assertion.
 """
 
 from __future__ import annotations

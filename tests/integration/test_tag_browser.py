@@ -1,6 +1,6 @@
 """The website tag in a real browser: the README snippet on a page of another origin, headless
 Debian chromium, Mallard serving analytics.js, its chunks and settings, then the pipeline and the
-read API (INTERFACE.md 4.2, 4.8; DESIGN.md 6).
+read API.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every writeKey route x every kind of writeKey: status and body (INTERFACE.md 5.3, 7).
+"""Every writeKey route x every kind of writeKey: status and body.
 
 The routes are every POST route of the app under /cdp/events/ and /v1/, so a new one cannot be
 left out. The sibling test_auth_matrix.py does the same for `auth-token` routes.

@@ -1,4 +1,4 @@
-"""Stamping of server fields (INTERFACE.md 2.3, DESIGN.md 5)."""
+"""Stamping of server fields."""
 
 from __future__ import annotations
 

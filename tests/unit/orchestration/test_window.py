@@ -1,4 +1,4 @@
-"""The incremental window the orchestrator writes to the pass manifest, and where it reads it from."""
+"""The pass window the orchestrator writes to the pass manifest, and where it reads it from."""
 
 from __future__ import annotations
 
