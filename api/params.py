@@ -1,4 +1,4 @@
-"""Query parameters of the read API (INTERFACE.md 4.3, 4.4): declarations, checks, scroll tokens.
+"""Query parameters of the read API: declarations, checks, scroll tokens.
 
 The handlers declare these as typed Litestar parameters, so the OpenAPI document lists exactly
 what they accept; the checks Litestar cannot express (from + size depth, start before end,

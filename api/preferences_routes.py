@@ -1,4 +1,4 @@
-"""Marketing-preferences routes (INTERFACE.md 4.5) and the hosted page. Thin: parse, call, answer.
+"""Marketing-preferences routes and the hosted page. Thin: parse, call, answer.
 
 `GET|POST /cdp/marketing-preferences/{subscriptionId}` (JSON) and `GET|POST /content?s=ID` or
 `/content/{ID}` (the page; the query name is MALLARD_PREFS_QUERY_PARAM). The subscription id is
@@ -130,7 +130,7 @@ AssetId = Annotated[
 ]
 _ANSWERS = answers(
     PreferencesResource,
-    "The preferences resource (INTERFACE.md 2.6)",
+    "The preferences resource",
     PREFERENCES_ERRORS,
     "read",
     PREFERENCES_EXAMPLE,

@@ -1,4 +1,4 @@
-"""Read API routes: events and profiles (INTERFACE.md 4.3, 4.4). Thin: check, read, answer.
+"""Read API routes: events and profiles. Thin: check, read, answer.
 
 One controller on the tenant path: its `tenant` dependency checks the auth-token against the
 path's client, account and brand before any handler runs.
@@ -96,7 +96,7 @@ _BY = (
 
 _META = (
     "The traits plus _subscriptionId, createdBy, firstEvent, lastEvent, audiencesStatic and"
-    " lastActivityTime (INTERFACE.md 2.9). " + _BY
+    " lastActivityTime. " + _BY
 )
 
 
@@ -113,7 +113,7 @@ class ReadApi(Controller):
         operation_id="listEvents",
         sync_to_thread=True,
         summary="Account events, newest first",
-        description="Events of this account and brand (INTERFACE.md 4.3). Page with from and size;"
+        description="Events of this account and brand. Page with from and size;"
         " from + size may reach 10,000.",
         responses=responses(EventPage, "{data: [event record]}", not_found=False),
     )

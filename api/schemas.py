@@ -1,4 +1,4 @@
-"""Wire shapes of the read API (INTERFACE.md 2.8, 2.9, 7), for the OpenAPI document.
+"""Wire shapes of the read API, for the OpenAPI document.
 
 The bodies themselves are assembled as JSON by the marts (one definition of each record);
 these structs only describe them.
@@ -26,7 +26,7 @@ class RawData(msgspec.Struct):
 
 
 class EventRecord(msgspec.Struct):
-    """One event (INTERFACE.md 2.8)."""
+    """One event."""
 
     id: str
     customerId: str  # noqa: N815
@@ -91,7 +91,7 @@ class Category(msgspec.Struct):
 
 
 class PreferencesResource(msgspec.Struct):
-    """A customer's marketing preferences (INTERFACE.md 2.6): channels opt-in, categories
+    """A customer's marketing preferences: channels opt-in, categories
     opt-out."""
 
     writeKey: str  # noqa: N815
@@ -112,7 +112,7 @@ class CategoryChoice(msgspec.Struct):
 
 
 class PreferencesUpdate(msgspec.Struct, kw_only=True):
-    """What to change (INTERFACE.md 2.6); what is not listed stays."""
+    """What to change; what is not listed stays."""
 
     categories: list[CategoryChoice] | None = None
     channels: list[ChannelChoice] | None = None
@@ -146,7 +146,7 @@ UPDATE_EXAMPLES = {
 }
 TRAITS_EXAMPLE = {"email": "ada@example.com", "firstName": "Ada", "plan": "pro"}
 
-# (meaning, starting with the error code; an example message) per status (INTERFACE.md 7).
+# (meaning, starting with the error code; an example message) per status.
 _BAD = (
     "invalid_request_error (a bad parameter) or validation_error (a profile id not idType:id)",
     "unknown query parameter sise; this route takes from, scrollId, size",

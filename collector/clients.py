@@ -1,4 +1,4 @@
-"""Ingestion for real clients, authenticated by writeKey (INTERFACE.md 4.2, 5.3; DESIGN.md 6).
+"""Ingestion for real clients, authenticated by writeKey.
 
 - Tag and mobile: `POST {events_url}/cdp/events/std/{t,p,i,s,g,a,b,m}` and `.../mobile/batch`.
 - Segment drop-in: `POST /v1/{identify,track,page,screen,group,alias,batch}`, so Segment's and
@@ -139,11 +139,11 @@ def tenant_for(request: Request[Any, Any, Any], body_key: Any) -> Tenant:
 def admit_regulated(
     tenant: Tenant, channel: str, items: list[tuple[str, dict[str, Any]]]
 ) -> list[tuple[str, dict[str, Any]]]:
-    """Hook for regulations at the collector (DESIGN.md 5): the items allowed in.
+    """Hook for regulations at the collector: the items allowed in.
 
     The regulations work fills this in: drop every call of a suppressed userId, and for NoTrack
-    drop track calls and, on the tag channel (`browser`), identify calls too (INTERFACE.md 2.10:
-    identify via the API still works, identify via the tag does not). Until then, all pass.
+    drop track calls and, on the tag channel (`browser`), identify calls too (identify via the
+    API still works, identify via the tag does not). Until then, all pass.
     """
     return items
 
@@ -188,7 +188,7 @@ def adapt(kind: str, msg: dict[str, Any]) -> None:
     """Client dialects, mapped in place to the stored shape before validation.
 
     - RudderStack's SDKs send identify traits only as `context.traits`.
-    - Mobile track items may name the action in `name` (INTERFACE.md 4.2 lists no `event`).
+    - Mobile track items may name the action in `name` (the mobile call lists no `event`).
     """
     if kind == "identify" and msg.get("traits") is None:
         context = msg.get("context")

@@ -1,6 +1,6 @@
 """CORS for the browser-facing addresses only: tag assets, tag settings and /cdp/events.
 
-The read API must not answer cross-origin requests (INTERFACE.md 4.4), so this is not Litestar's
+The read API must not answer cross-origin requests, so this is not Litestar's
 app-wide CORSConfig: it wraps the app's outermost handler and acts on these path prefixes only,
 which also covers answers the router makes itself (404, 405) and every error.
 """

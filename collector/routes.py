@@ -108,7 +108,7 @@ def parse_batch(
 _BODIES = (
     "identify: event identify and traits. track: event, the action. page: event page. screen:"
     " name. batch: {batch: [calls], context?}. Each call needs userId or anonymousId; one call"
-    " is at most 32 KB (INTERFACE.md 2.2, 4.1)."
+    " is at most 32 KB."
 )
 
 

@@ -1,4 +1,4 @@
-"""Wire shapes of ingestion (INTERFACE.md 2.2, 2.7, 4.1, 4.2), for the OpenAPI document.
+"""Wire shapes of ingestion, for the OpenAPI document.
 
 The handlers decode the raw body once with msgspec and check it with collector.messages (one set
 of rules for every endpoint family); these structs and examples only describe the bodies.
@@ -22,14 +22,14 @@ AnonymousId = Annotated[
 ]
 Context = Annotated[
     Object | None,
-    Meta(description="ip, locale, userAgent, page, device, campaign, traits (INTERFACE.md 2.3)."),
+    Meta(description="ip, locale, userAgent, page, device, campaign, traits."),
 ]
 Timestamp = Annotated[
     str | None,
     Meta(description="When it happened, ISO-8601; the time of receipt when absent."),
 ]
 Properties = Annotated[Object | None, Meta(description="Free-form properties of the event.")]
-Traits = Annotated[Object, Meta(description="The traits to set; others stay (INTERFACE.md 2.5).")]
+Traits = Annotated[Object, Meta(description="The traits to set; others stay.")]
 WriteKey = Annotated[
     str | None,
     Meta(description="The source's writeKey, here or as the HTTP Basic user."),

@@ -1,7 +1,7 @@
 """One exception hierarchy, and the one function that maps it to each interface's error body.
 
 Ingestion (`/track/.../v1/{identify,...}`, `/cdp/events/...`, `/v1/...`) answers
-`{success:false, message}`; the read APIs answer `{error:{code, message}}` (INTERFACE.md 7).
+`{success:false, message}`; the read APIs answer `{error:{code, message}}`.
 IngestErrorBody and ErrorBody describe those two bodies for the OpenAPI document.
 """
 
@@ -39,7 +39,7 @@ class ValidationFailed(MallardError):
 
 
 class Unauthenticated(MallardError):
-    """No valid secret (401 on the read API; 403 on ingestion, per INTERFACE.md 7)."""
+    """No valid secret (401 on the read API; 403 on ingestion)."""
 
     status = 401
     code = "authentication_error"
@@ -100,7 +100,7 @@ def error_body(exc: MallardError, family: Family) -> tuple[int, dict[str, Any]]:
     """The status and JSON body for an error, in the shape of the interface family."""
     status = exc.status
     if family == "ingest":
-        # Ingestion refuses a missing or unknown token with 403, not 401 (INTERFACE.md 5.5).
+        # Ingestion refuses a missing or unknown token with 403, not 401.
         if isinstance(exc, Unauthenticated):
             status = 403
         return status, {"success": False, "message": exc.message}
@@ -108,7 +108,7 @@ def error_body(exc: MallardError, family: Family) -> tuple[int, dict[str, Any]]:
 
 
 class IngestErrorBody(msgspec.Struct):
-    """Every ingestion error (INTERFACE.md 2.7, 7)."""
+    """Every ingestion error."""
 
     success: Literal[False]
     message: str
@@ -127,6 +127,6 @@ class ErrorDetail(msgspec.Struct):
 
 
 class ErrorBody(msgspec.Struct):
-    """Every read API error (INTERFACE.md 7)."""
+    """Every read API error."""
 
     error: ErrorDetail

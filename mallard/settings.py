@@ -14,7 +14,7 @@ def _env(name: str, default: str) -> str:
 
 @dataclass(frozen=True)
 class Limits:
-    """Request limits; defaults from INTERFACE.md section 8."""
+    """Request limits; the defaults are the interface's documented limits."""
 
     max_body_bytes: int = 1024 * 1024  # one request body: 1 MB, refused before parsing
     max_call_bytes: int = 32 * 1024  # one call, or one batch item: 32 KB
