@@ -1,7 +1,9 @@
 """`mallard up`, what `make run` calls: init, serve, demo data, pipeline, the pipeline watcher,
 Dagster UI and daemon.
 
-Ctrl-C or SIGTERM stops every process it started, by PID, and says so.
+Ctrl-C or SIGTERM stops every process it started, by PID, and says so. With mallard/app.py and
+mallard/cli.py, part of the composition root: it starts the applications (and takes the
+orchestrator's telemetry switch for the processes it starts).
 """
 
 from __future__ import annotations

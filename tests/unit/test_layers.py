@@ -10,10 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("api", "collector", "mallard", "orchestration")
 # Where the applications are put together: the only mallard modules that import them.
-COMPOSITION_ROOT = {"mallard.app", "mallard.cli"}
-# Known exceptions, each named so the test fails once it is gone (then delete its entry): `mallard
-# up` takes the environment's telemetry switch from orchestration.
-EXCEPTIONS = {"mallard.up": ["orchestration.environment"]}
+COMPOSITION_ROOT = {"mallard.app", "mallard.cli", "mallard.up"}
 
 
 def module_names() -> dict[str, Path]:
@@ -103,4 +100,4 @@ def test_mallard_imports_no_application_outside_its_composition_root() -> None:
         for m, ts in graph().items()
         if m.split(".")[0] == "mallard" and m not in COMPOSITION_ROOT
     }
-    assert {m: ts for m, ts in wrong.items() if ts} == EXCEPTIONS
+    assert {m: ts for m, ts in wrong.items() if ts} == {}
