@@ -6,16 +6,14 @@ inserts their new rows (a new small file per table). Left alone, reads slow down
 and the lake only grows. Two entry points, both under the build lock, so never during a dbt build:
 
 - `compact_fragmented`, after passes: only the tables with `compact_at_files` or more files that
-  compaction would rewrite or merge. Passes slow down with fragmentation (at 10M, 35.0 s with
-  ~17 files a table against 24.7-27.0 s after compaction), and at a pass a minute a day's passes
-  would leave over a thousand files a table, so this follows the files, not the clock.
+  compaction would rewrite or merge. Passes slow down with fragmentation (at 10M messages, ~17
+  files a table made a pass ~40% slower than after compaction), and at a pass a minute a day's
+  passes would leave over a thousand files a table, so this follows the files, not the clock.
 - `maintain`, nightly: every table, then snapshot expiry and file cleanup.
 """
 
 from __future__ import annotations
 
-import itertools
-import json
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -25,6 +23,8 @@ import duckdb
 from mallard.paths import DataPaths
 from mallard.settings import get_settings
 from mallard.warehouse import connect
+from orchestration.column_stats import complete_stats, metadata_sql
+from orchestration.folds import Fold, declared_folds, fold_candidates
 from orchestration.locks import build_lock
 from orchestration.warehouse import lake_connection
 
@@ -34,12 +34,9 @@ SNAPSHOT_RETENTION = timedelta(days=1)
 # A data file is rewritten once more than this share of its rows is deleted. Low, because a pass's
 # delete reads the delete file of every data file it touches and writes it again with the new
 # positions, and a pass changes customers in every file: what it pays grows with the deleted rows
-# the files carry (docs/warehouse.md: 1.06-1.37 s for one delete with a big file 28% deleted,
-# 0.32-0.36 s once that file alone was rewritten). At 10M messages, nine passes after a build
-# (each per-customer table with ten files, every one with deletes, 4-42% of their rows), the
-# next pass's dbt took 26.6 s; after rewriting every file with deletes of the nine per-customer
-# tables (36 s), 20.8 s. At 0.2, five of the ten files of each kept their deletes, so those
-# tables never reached the threshold of fragments.
+# the files carry (at 10M messages, one delete took ~1.2 s with a big file 28% deleted, ~0.3 s
+# once that file was rewritten). A higher threshold (0.2) left half the files of each
+# per-customer table with their deletes, and passes slower by a quarter.
 REWRITE_DELETE_THRESHOLD = 0.01
 # The schemas dbt rewrites in place; raw only grows by whole landing files.
 SCHEMAS = ("intermediate", "marts", "state")
@@ -99,215 +96,9 @@ _COMPACTABLE_FILES = """
 """
 
 
-def _metadata(sql: str) -> str:
-    """A query over DuckLake's catalog tables, which an attached lake shows under this name."""
-    return sql.replace("lake.ducklake_", "__ducklake_metadata_lake.ducklake_")
-
-
 def _live_files(conn: duckdb.DuckDBPyConnection) -> int:
-    row = conn.execute(_metadata(_LIVE_FILES), [list(SCHEMAS)]).fetchone()
+    row = conn.execute(metadata_sql(_LIVE_FILES), [list(SCHEMAS)]).fetchone()
     return int(row[0]) if row else 0
-
-
-# The columns of the table's live files for which DuckLake recorded no min/max although they hold
-# values: DuckLake (1.5.5) records none for a file when one of its row groups is all null in that
-# column, then prunes the file from `where col = ...` once another file of the table has stats,
-# and rows go missing from answers. Compaction makes such files: rewriting a few big files with
-# deletes and many tiny ones (a pass's file of 1-30 customers) into one puts the tiny ones'
-# rows in a last row group of their own, and when none of them has, say, an anonymous_id,
-# `where anonymous_id = ...` found none of the file's 1.7M customers (10M bench lake, a --watch
-# run; the marts' test ducklake_stats_complete failed every pass after).
-_INCOMPLETE_STATS = """
-    select t.table_id, c.column_id, c.column_name, c.column_type, f.data_file_id, f.path
-    from lake.ducklake_data_file as f
-    join lake.ducklake_table as t using (table_id)
-    join lake.ducklake_schema as s using (schema_id)
-    join lake.ducklake_file_column_stats as st on st.data_file_id = f.data_file_id
-    join lake.ducklake_column as c on c.table_id = st.table_id and c.column_id = st.column_id
-    where f.end_snapshot is null and t.end_snapshot is null and s.end_snapshot is null
-        and c.end_snapshot is null and s.schema_name = ? and t.table_name = ?
-        and st.min_value is null and st.value_count > 0
-    order by c.column_id, f.data_file_id
-"""
-
-# How DuckLake writes a min/max of these types into its catalog (as DuckDB casts them to text in
-# UTC; booleans as 0/1). Other types' stats are left to the data test to report.
-_STATS_TEXT = {
-    "varchar": "{}::varchar",
-    "json": "{}::varchar",
-    "boolean": "{}::integer::varchar",
-    "int8": "{}::varchar",
-    "int16": "{}::varchar",
-    "int32": "{}::varchar",
-    "int64": "{}::varchar",
-    "timestamptz": "{}::varchar",
-    "timestamp": "{}::varchar",
-    "date": "{}::varchar",
-}
-
-
-def _min_max(
-    conn: duckdb.DuckDBPyConnection, column: str, column_type: str, source: str, params: list
-) -> tuple[str, str] | None:
-    text = _STATS_TEXT[column_type]
-    col = '"' + column.replace('"', '""') + '"'
-    row = conn.execute(
-        f"select {text.format(f'min({col})')}, {text.format(f'max({col})')} from {source}", params
-    ).fetchone()
-    return (str(row[0]), str(row[1])) if row and row[0] is not None else None
-
-
-def _complete_stats(conn: duckdb.DuckDBPyConnection, schema: str, table: str) -> int:
-    """Record the min/max DuckLake left out for the table's files (see _INCOMPLETE_STATS), read
-    from the files themselves, and the table's min/max of those columns, read from the table
-    (DuckLake plans from those too: with none it answered `where col = ...` with no rows at all).
-    Returns how many (file, column) stats it completed."""
-    missing = conn.execute(_metadata(_INCOMPLETE_STATS), [schema, table]).fetchall()
-    if not missing:
-        return 0
-    conn.execute("set TimeZone = 'UTC'")
-    files = [
-        str(f)
-        for (f,) in conn.execute(
-            "select data_file from ducklake_list_files('lake', ?, schema => ?)", [table, schema]
-        ).fetchall()
-    ]
-    whole = f'lake."{schema}"."{table}"'
-    in_files, in_table = [], []
-    for (table_id, column_id, column, column_type), rows in itertools.groupby(
-        missing, key=lambda r: (r[0], r[1], str(r[2]), str(r[3]))
-    ):
-        if column_type not in _STATS_TEXT:
-            continue
-        for *_, file_id, name in rows:
-            path = next((f for f in files if f.endswith("/" + str(name))), None)
-            try:  # a file written before a rename has the column under its old name: left as is
-                found = path and _min_max(conn, column, column_type, "read_parquet(?)", [path])
-            except duckdb.BinderException:
-                found = None
-            if found:
-                in_files.append((*found, file_id, column_id))
-        found = _min_max(conn, column, column_type, whole, [])
-        if found:
-            in_table.append((*found, table_id, column_id))
-    # Through the catalog DuckLake attached, not Python's sqlite3: a second SQLite library in
-    # this process opening the file DuckDB's holds can truncate the WAL index DuckDB has mapped
-    # (SIGBUS), since POSIX locks are per process and neither library sees the other's.
-    conn.execute("begin")
-    if in_files:
-        conn.executemany(
-            _metadata(
-                "update lake.ducklake_file_column_stats set min_value = ?, max_value = ?"
-                " where data_file_id = ? and column_id = ? and min_value is null"
-            ),
-            in_files,
-        )
-    if in_table:
-        conn.executemany(
-            _metadata(
-                "update lake.ducklake_table_column_stats set min_value = ?, max_value = ?"
-                " where table_id = ? and column_id = ?"
-            ),
-            in_table,
-        )
-    conn.execute("commit")
-    return len(in_files)
-
-
-@dataclass(frozen=True)
-class Fold:
-    """A table that passes append rows to, and the rule (a DuckDB table macro in its schema,
-    defined once in dbt_project/macros/folds.sql) that combines its rows per `key`. With
-    `candidate` (the column telling a key's rows apart), the rule picks one row per key:
-    compaction deletes the others. Without, the rule merges a key's rows into one: compaction
-    replaces them with it. `unread`: columns the rule does not read, left out of the rows it
-    is given."""
-
-    rule: str
-    key: tuple[str, ...]
-    candidate: str | None = None
-    unread: tuple[str, ...] = ()
-
-
-def declared_folds(paths: DataPaths) -> dict[tuple[str, str], Fold]:
-    """The folds the dbt project declares (`meta.fold` of a model), by (schema, table), read from
-    the manifest dbt wrote; none before dbt has parsed the project."""
-    try:
-        manifest = json.loads((paths.dbt_target / "manifest.json").read_text())
-    except FileNotFoundError:
-        return {}
-    folds = {}
-    for node in manifest.get("nodes", {}).values():
-        fold = ((node.get("config") or {}).get("meta") or {}).get("fold")
-        if node.get("resource_type") == "model" and fold:
-            folds[(node["schema"], node["alias"])] = Fold(
-                fold["rule"],
-                tuple(fold["key"]),
-                fold.get("candidate"),
-                tuple(fold.get("unread", ())),
-            )
-    return folds
-
-
-def _delete_matching(source: str, match: str) -> str:
-    return f"delete from {source} as t where exists (select 1 from fold_out as o where {match})"
-
-
-def fold_candidates(conn: duckdb.DuckDBPyConnection, schema: str, table: str, fold: Fold) -> int:
-    """Fold the table by its rule; how many rows it deleted. Only the keys with more than one row
-    are combined (found by a hash of the key: a collision only combines a key more), by the rule
-    over their rows alone: a filter on the view does not reach below its window or grouping.
-    None before the rule exists (a lake of an earlier version, before the pass that builds the
-    views). At 10M messages, ranking every event object key took 9.5 s; finding the keys with
-    more than one and ranking theirs, ~3 s after a +100k pass."""
-    found = conn.execute(
-        "select 1 from duckdb_functions() where database_name = 'lake'"
-        " and schema_name = ? and function_name = ? and function_type = 'table_macro'",
-        [schema, fold.rule],
-    ).fetchone()
-    if not found:
-        return 0
-    source = f"lake.{schema}.{table}"
-    combined = f"select * from lake.{schema}.{fold.rule}('fold_rows')"
-    key_hash = f"hash({', '.join(fold.key)})"
-    conn.execute(
-        f"create or replace temp table fold_keys as select {key_hash} as key_hash"
-        f" from {source} group by key_hash having count(*) > 1"
-    )
-    try:
-        keys = conn.execute("select count(*) from fold_keys").fetchone()
-        if not keys or not keys[0]:
-            return 0
-        unread = f" exclude ({', '.join(fold.unread)})" if fold.unread else ""
-        conn.execute(
-            f"create or replace temp table fold_rows as select *{unread} from {source}"
-            f" where {key_hash} in (select key_hash from fold_keys)"
-        )
-        if fold.candidate is not None:
-            cols = ", ".join((*fold.key, fold.candidate))
-            conn.execute(
-                f"create or replace temp table fold_out as select {cols} from fold_rows"
-                f" except select {cols} from ({combined})"
-            )
-            match = " and ".join(f"o.{c} = t.{c}" for c in (*fold.key, fold.candidate))
-            row = conn.execute(_delete_matching(source, match)).fetchone()
-            return int(row[0]) if row else 0
-        conn.execute(f"create or replace temp table fold_out as {combined}")
-        match = " and ".join(f"o.{c} = t.{c}" for c in fold.key)
-        conn.execute("begin")
-        try:
-            row = conn.execute(_delete_matching(source, match)).fetchone()
-            conn.execute(f"insert into {source} by name select * from fold_out")
-            conn.execute("commit")
-        except BaseException:
-            conn.execute("rollback")
-            raise
-        deleted = int(row[0]) if row else 0
-        inserted = conn.execute("select count(*) from fold_out").fetchone()
-        return deleted - (int(inserted[0]) if inserted else 0)
-    finally:
-        for temp in ("fold_keys", "fold_rows", "fold_out"):
-            conn.execute(f"drop table if exists {temp}")
 
 
 def _compact_table(
@@ -323,14 +114,14 @@ def _compact_table(
         [table, schema, REWRITE_DELETE_THRESHOLD],
     )
     conn.execute("call ducklake_merge_adjacent_files('lake', ?, schema => ?)", [table, schema])
-    return _complete_stats(conn, schema, table)
+    return complete_stats(conn, schema, table)
 
 
 def fragmented_tables(conn: duckdb.DuckDBPyConnection, at: int) -> list[tuple[str, str, int]]:
     """(schema, table, files) of each table with `at` or more files that compaction would
     rewrite or merge, most fragmented first."""
     rows = conn.execute(
-        _metadata(_COMPACTABLE_FILES),
+        metadata_sql(_COMPACTABLE_FILES),
         [list(SCHEMAS), REWRITE_DELETE_THRESHOLD, SMALL_FILE_BYTES, max(at, 1)],
     ).fetchall()
     return [(str(schema), str(table), int(files)) for schema, table, files in rows]

@@ -16,14 +16,9 @@ from mallard.settings import get_settings
 from mallard.warehouse import connect
 from orchestration.defs.dbt import ensure_manifest
 from orchestration.defs.maintenance import compaction, fragmentation_sensor, maintenance
+from orchestration.folds import Fold, declared_folds
 from orchestration.locks import watcher_lock
-from orchestration.maintenance import (
-    Fold,
-    compact_fragmented,
-    declared_folds,
-    maintain,
-    needs_compaction,
-)
+from orchestration.maintenance import compact_fragmented, maintain, needs_compaction
 from orchestration.resources import LakeResource
 from orchestration.warehouse import ensure_warehouse
 
