@@ -291,8 +291,8 @@ def main(argv: list[str] | None = None) -> int:
 
     out = lake.data_dir / "baseline.duckdb"
     # The baseline before the rebuild: its DuckDB (~15 GiB) empties the OS page cache, and in
-    # operation passes follow a build or a pass, not such a job. (In the order rebuild, baseline,
-    # passes, at a6eb710 the first pass took 22.8 s and the next 17.3 s, both new processes.)
+    # operation passes follow a build or a pass, not such a job (run between the rebuild and the
+    # passes, it made the first pass ~30% slower).
     base_s = run_baseline(lake.data_dir, out)
     print(f"{'baseline (one DuckDB script)':<28} {base_s:8.1f} s", flush=True)
     full_s, full_steps = timed_run(lake.pipeline_run, lake.data_dir, "full rebuild")

@@ -14,7 +14,7 @@ def yield_cpu(nice: int, idle: bool = False) -> None:
 
     A niced thread still runs out its time slice when a read wakes up (~1-4 ms under EEVDF); a
     SCHED_IDLE one is preempted at once by any normal thread that wakes. At 10M events, one pass
-    of 100k events under 2 connections of reads (2026-11-24): traits p99 outside the read
+    of 100k events under 2 connections of reads: traits p99 outside the read
     index's updates 5.88 ms at nice 10, 4.86 ms under SCHED_IDLE; the pass 107 vs 112 s. Its
     cost: on a machine kept busy by reads and ingest, the pass gets only what they leave."""
     tid = threading.get_native_id()
