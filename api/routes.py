@@ -98,6 +98,12 @@ _META = (
     "The traits plus _subscriptionId, createdBy, firstEvent, lastEvent, audiencesStatic and"
     " lastActivityTime. " + _BY
 )
+# What the two metadata routes (.../meta and .../metadata) share.
+_META_ROUTE: dict[str, Any] = {
+    "sync_to_thread": True,
+    "description": _META,
+    "responses": responses(dict[str, Any] | ProfilesByEmail, "metadata object, or {data} by email"),
+}
 
 
 class ReadApi(Controller):
@@ -202,12 +208,8 @@ class ReadApi(Controller):
     @get(
         f"{PROFILE}/meta",
         operation_id="getProfileMeta",
-        sync_to_thread=True,
         summary="A customer's metadata (same as .../metadata)",
-        description=_META,
-        responses=responses(
-            dict[str, Any] | ProfilesByEmail, "metadata object, or {data} by email"
-        ),
+        **_META_ROUTE,
     )
     def get_meta(
         self,
@@ -222,12 +224,8 @@ class ReadApi(Controller):
     @get(
         f"{PROFILE}/metadata",
         operation_id="getProfileMetadata",
-        sync_to_thread=True,
         summary="A customer's metadata (same as .../meta)",
-        description=_META,
-        responses=responses(
-            dict[str, Any] | ProfilesByEmail, "metadata object, or {data} by email"
-        ),
+        **_META_ROUTE,
     )
     def get_metadata(
         self,
