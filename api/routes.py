@@ -46,6 +46,7 @@ from api.service import Snapshot, Warehouse, WouldBlock, freshness_headers, iso
 from collector.messages import Tenant
 from collector.routes import TENANT, TENANT_PATH
 from mallard.errors import InvalidRequest, NotFound
+from mallard.openapi import operation_id_per_path
 
 PROFILE = "/profiles/{profileId:str}"
 _encode = msgspec.json.Encoder().encode
@@ -98,12 +99,6 @@ _META = (
     "The traits plus _subscriptionId, createdBy, firstEvent, lastEvent, audiencesStatic and"
     " lastActivityTime. " + _BY
 )
-# What the two metadata routes (.../meta and .../metadata) share.
-_META_ROUTE: dict[str, Any] = {
-    "sync_to_thread": True,
-    "description": _META,
-    "responses": responses(dict[str, Any] | ProfilesByEmail, "metadata object, or {data} by email"),
-}
 
 
 class ReadApi(Controller):
@@ -206,34 +201,24 @@ class ReadApi(Controller):
         return await anyio.to_thread.run_sync(_traits_or_meta, request, tenant, profileId, "traits")
 
     @get(
-        f"{PROFILE}/meta",
-        operation_id="getProfileMeta",
-        summary="A customer's metadata (same as .../metadata)",
-        **_META_ROUTE,
+        [f"{PROFILE}/meta", f"{PROFILE}/metadata"],
+        operation_id=operation_id_per_path("getProfile"),
+        summary="A customer's metadata (.../meta and .../metadata are the same)",
+        description=_META,
+        responses=responses(
+            dict[str, Any] | ProfilesByEmail, "metadata object, or {data} by email"
+        ),
     )
-    def get_meta(
+    async def get_metadata(
         self,
         request: Request[Any, Any, Any],
         tenant: Tenant,
         profileId: FromPath[str],  # noqa: N803
     ) -> Response[bytes]:
-        return _traits_or_meta(request, tenant, profileId, "metadata")
-
-    # A second handler rather than one handler on two paths: Litestar wraps a sync_to_thread handler
-    # once per path, and the double wrap answers with an un-awaited coroutine.
-    @get(
-        f"{PROFILE}/metadata",
-        operation_id="getProfileMetadata",
-        summary="A customer's metadata (same as .../meta)",
-        **_META_ROUTE,
-    )
-    def get_metadata(
-        self,
-        request: Request[Any, Any, Any],
-        tenant: Tenant,
-        profileId: FromPath[str],  # noqa: N803
-    ) -> Response[bytes]:
-        return _traits_or_meta(request, tenant, profileId, "metadata")
+        # Async, on a worker thread: a sync_to_thread handler on two paths is wrapped twice.
+        return await anyio.to_thread.run_sync(
+            _traits_or_meta, request, tenant, profileId, "metadata"
+        )
 
     @get(
         f"{PROFILE}/external_ids",

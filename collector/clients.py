@@ -23,8 +23,6 @@ from typing import Any
 
 import msgspec
 from litestar import MediaType, Request, Response, post
-from litestar.handlers import HTTPRouteHandler
-from litestar.types import Method, OperationIDCreator
 
 from collector.messages import CALL_KINDS, Tenant, iso, stamp, validate
 from collector.routes import decode_object, parse_batch
@@ -43,7 +41,7 @@ from collector.schemas import (
 from collector.service import Collector
 from mallard.auth import limit
 from mallard.errors import Forbidden, InvalidRequest, PayloadTooLarge, RateLimited
-from mallard.openapi import NoValidationError, answers, request_body
+from mallard.openapi import NoValidationError, answers, operation_id_per_path, request_body
 from mallard.settings import Limits
 from mallard.tenancy import ControlStore
 
@@ -60,15 +58,6 @@ TAG_PATHS = {
 SEGMENT_PATHS = {f"/v1/{kind}": kind for kind in CALL_KINDS}
 
 _encode = msgspec.json.Encoder().encode
-
-
-def _operation_id(prefix: str) -> OperationIDCreator:
-    """An OpenAPI operation id per path of a handler that serves several (ids must be unique)."""
-
-    def create(handler: HTTPRouteHandler, method: Method, components: list[Any]) -> str:
-        return prefix + str(components[-1]).title()
-
-    return create
 
 
 class _Envelope(msgspec.Struct):
@@ -242,7 +231,7 @@ _KEYED_EXAMPLES = {kind: {**call, "writeKey": WRITE_KEY} for kind, call in CLIEN
 
 @post(
     list(TAG_PATHS),
-    operation_id=_operation_id("tagEvent"),
+    operation_id=operation_id_per_path("tagEvent"),
     summary="One event from the tag or a mobile app (t takes any type)",
     status_code=200,
     dependencies=request_body(ClientCall, _ONE, _KEYED_EXAMPLES),
@@ -288,7 +277,7 @@ async def mobile_batch(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 @post(
     list(SEGMENT_PATHS),
-    operation_id=_operation_id("segment"),
+    operation_id=operation_id_per_path("segment"),
     summary="Segment HTTP API: one call, writeKey as the Basic user",
     status_code=200,
     dependencies=request_body(ClientCall, _ONE, CLIENT_EXAMPLES),

@@ -11,9 +11,11 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 from litestar.di import Provide
+from litestar.handlers import HTTPRouteHandler
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import Example, Operation, RequestBody, Schema
 from litestar.params import Body
+from litestar.types import Method, OperationIDCreator
 
 from mallard.errors import ErrorBody, Family, IngestErrorBody
 
@@ -99,3 +101,12 @@ class OneOfTheBodies(Operation):
             schema = media.schema
             if isinstance(schema, Schema) and schema.one_of:
                 schema.any_of, schema.one_of = schema.one_of, None
+
+
+def operation_id_per_path(prefix: str) -> OperationIDCreator:
+    """An OpenAPI operation id per path of a handler that serves several (ids must be unique)."""
+
+    def create(handler: HTTPRouteHandler, method: Method, components: list[Any]) -> str:
+        return prefix + str(components[-1]).title()
+
+    return create
