@@ -3,12 +3,7 @@
 -- identifiers to customers. A view: fold rule identifier_spans (macros/folds.sql) over the
 -- sightings in customer_identifier_sightings (one row each once compaction has merged them). A
 -- lookup by customer_id or by identifier reaches the scan.
-{{
-    config(
-        materialized='view',
-        pre_hook="{{ define_fold_rule('identifier_spans', identifier_spans_rule()) }}",
-    )
-}}
+{{ config(materialized='view') }}
 
 with spans as (
     select * from {{ fold_rule('identifier_spans', ref('customer_identifier_sightings')) }}

@@ -4,12 +4,7 @@
 -- event_winners (macros/folds.sql), which compaction also uses to delete the candidates that are
 -- not winners. At 10M messages a lookup by customer_id takes ~60 ms: the filter reaches the scan
 -- through the window's partition.
-{{
-    config(
-        materialized='view',
-        pre_hook="{{ define_fold_rule('event_winners', event_winners_rule()) }}",
-    )
-}}
+{{ config(materialized='view') }}
 
 with winners as (
     select * from {{ fold_rule('event_winners', ref('customer_event_objects')) }}
