@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,37 @@ def test_changes_by_another_connection_apply_at_once(store: ControlStore) -> Non
     assert not store.tenant_exists("acme", "acme", "ACME")  # brands configured now
     other.revoke_token(token.token_id)
     other.revoke_write_key(key)
+    assert store.authenticate(secret) is None
+    assert store.resolve_write_key(key) is None
+
+
+def _idle(store: ControlStore, seconds: float = 10.0) -> None:
+    """The control database's files as after `seconds` without a write (their mtimes moved back),
+    so the request path trusts their stat signature instead of asking SQLite."""
+    for p in (store.path, store.path.with_name(store.path.name + "-wal")):
+        if p.exists():
+            st = os.stat(p)
+            os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns - int(seconds * 1e9)))
+
+
+def test_revocations_after_an_idle_spell_apply_at_once(store: ControlStore) -> None:
+    """The cached path: with the files idle past the mtime granularity the store answers from
+    its snapshot without SQLite; another process's revocation changes the files' stat signature,
+    and a lookup seconds later (the files idle again) sees it."""
+    other = ControlStore(store.path)  # stands in for the CLI in another process
+    token, secret = other.create_token(Scope.parse("client:acme"))
+    key = other.create_write_key("acme", "shop", "SHOP")
+    _idle(store)
+    assert store.authenticate(secret) == Scope("client", "acme")
+    assert store.resolve_write_key(key) is not None
+    cached = store._local.snapshot
+    assert store.authenticate(secret) is not None
+    assert store._local.snapshot is cached  # answered from the stat signature alone
+
+    # Revoked while the server idles; its next request comes seconds later.
+    other.revoke_token(token.token_id)
+    other.revoke_write_key(key)
+    _idle(store)
     assert store.authenticate(secret) is None
     assert store.resolve_write_key(key) is None
 
