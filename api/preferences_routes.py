@@ -39,7 +39,7 @@ from api.schemas import (
 )
 from api.service import Snapshot
 from mallard.auth import limit
-from mallard.errors import InvalidRequest, NotFound
+from mallard.errors import InvalidRequest, NotFound, refuse_large_bodies
 from mallard.openapi import answers, request_body
 from mallard.preferences import Choices, PreferencesConfigFile
 
@@ -140,6 +140,8 @@ _ANSWERS = answers(
 class MarketingPreferences(Controller):
     path = API
     dependencies = PREFS
+    # A body over the limit is refused before the subscription id is looked up.
+    before_request = refuse_large_bodies  # type: ignore[assignment]
     tags = ["Marketing preferences"]
 
     @get(

@@ -45,7 +45,7 @@ from api.schemas import (
 from api.service import Snapshot, Warehouse, WouldBlock, freshness_headers, iso
 from collector.messages import Tenant
 from collector.routes import TENANT, TENANT_PATH
-from mallard.errors import InvalidRequest, NotFound
+from mallard.errors import InvalidRequest, NotFound, refuse_large_bodies
 from mallard.openapi import operation_id_per_path
 
 PROFILE = "/profiles/{profileId:str}"
@@ -106,6 +106,8 @@ class ReadApi(Controller):
 
     path = TENANT_PATH
     dependencies = TENANT
+    # GET handlers never read a body, so Litestar never checks its size: refused here.
+    before_request = refuse_large_bodies  # type: ignore[assignment]
     tags = ["Read API"]
     security = [{"authToken": []}]
 

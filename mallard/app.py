@@ -88,16 +88,6 @@ async def add_request_id(message: Message, scope: Scope) -> None:
         ]
 
 
-async def refuse_large_bodies(request: Request) -> None:
-    """A body declared over the limit is refused before the handler runs, on every route:
-    Litestar checks request_max_body_size only when a handler reads the body, and a GET handler
-    never does."""
-    length = request.headers.get("content-length")
-    limit: int = request.app.state.settings.limits.max_body_bytes
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise body_too_large(limit)
-
-
 # scripts/vendor-openapi-ui.sh reproduces the vendored files; /schema loads nothing else.
 SWAGGER_UI_VERSION = "5.35.0"
 SWAGGER_UI_DIR = Path(__file__).parents[1] / "collector" / "static" / "swagger-ui-dist"
@@ -203,7 +193,6 @@ def create_app(settings: Settings | None = None) -> Litestar:
         ],
         lifespan=[lifespan],
         exception_handlers={Exception: _json_error},
-        before_request=refuse_large_bodies,
         before_send=[add_request_id, add_freshness],
         request_max_body_size=settings.limits.max_body_bytes,
         openapi_config=openapi,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import msgspec
+from litestar import Request
 
 Family = Literal["ingest", "read"]
 
@@ -70,6 +71,17 @@ class PayloadTooLarge(MallardError):
 def body_too_large(limit: int) -> PayloadTooLarge:
     """The one message for a request body over the server's limit, whoever refuses it."""
     return PayloadTooLarge(f"the request body exceeds the limit of {limit} bytes")
+
+
+async def refuse_large_bodies(request: Request[Any, Any, Any]) -> None:
+    """A before_request hook: a body declared over the limit is refused before the handler runs.
+    Litestar checks request_max_body_size only when a handler reads the body, and a GET handler
+    never does; routes that read their body (ingestion) leave the check to Litestar and pay
+    nothing per request."""
+    length = request.headers.get("content-length")
+    limit: int = request.app.state.settings.limits.max_body_bytes
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise body_too_large(limit)
 
 
 class RateLimited(MallardError):
