@@ -6,14 +6,9 @@ set -euo pipefail
 VERSION="${1:-1.84.3}"
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 DEST="$REPO/collector/static/analytics-next/$VERSION"
-WORK="$(mktemp -d)"
-trap 'rm -rf "$WORK"' EXIT
-
-cd "$WORK"
-npm pack --silent "@segment/analytics-next@$VERSION" >/dev/null
-tar xzf "segment-analytics-next-$VERSION.tgz"
-rm -rf "$DEST"
-mkdir -p "$DEST"
+# shellcheck source=scripts/npm-unpack.sh
+source "$REPO/scripts/npm-unpack.sh"
+npm_unpack "@segment/analytics-next" "$VERSION" "$DEST"
 # The standalone build plus its webpack chunks (named <chunk>.bundle.<contenthash>.js); the
 # .gz and source-map copies are not needed to run the tag.
 cp package/dist/umd/standalone.js "$DEST/"

@@ -8,14 +8,9 @@ set -euo pipefail
 VERSION="${1:-5.35.0}"
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 DEST="$REPO/collector/static/swagger-ui-dist/$VERSION"
-WORK="$(mktemp -d)"
-trap 'rm -rf "$WORK"' EXIT
-
-cd "$WORK"
-npm pack --silent "swagger-ui-dist@$VERSION" >/dev/null
-tar xzf "swagger-ui-dist-$VERSION.tgz"
-rm -rf "$DEST"
-mkdir -p "$DEST"
+# shellcheck source=scripts/npm-unpack.sh
+source "$REPO/scripts/npm-unpack.sh"
+npm_unpack "swagger-ui-dist" "$VERSION" "$DEST"
 # Only what the page loads: the UMD bundle, the standalone preset (the top bar layout), the
 # stylesheet and an icon; the ES bundles, the sample index.html and the source maps are not.
 for f in swagger-ui-bundle.js swagger-ui-standalone-preset.js swagger-ui.css favicon-32x32.png \
