@@ -1,4 +1,4 @@
-"""Read API over HTTP against a real server and a real pipeline (INTERFACE.md 4.3, 4.4, 7, 8).
+"""Read API over HTTP against a real server and a real pipeline.
 
 One pipeline run, shared by the module, builds a rich lake; expected answers come from a Python
 oracle of what was sent. The last tests change the warehouse (a second run), so they stay last.
