@@ -270,6 +270,8 @@ class Expected:
     traits: dict[str, dict[str, Any]]  # customer id -> traits (2.5)
     first_last: dict[str, tuple[dict[str, str], dict[str, str]]]  # per action: eventIds
     duplicates: dict[tuple[str, str], int]  # (account, messageId) -> extra copies
+    # (customer id, id type, id value) -> event times of the messages that show it
+    identifiers: dict[tuple[str, str, str], list[datetime]]
 
 
 def oracle(arrivals: list[Arrival]) -> Expected:
@@ -290,6 +292,7 @@ def oracle(arrivals: list[Arrival]) -> Expected:
                 owner[k] = (order(a), a.msg["userId"])
 
     by_customer: dict[str, list[Arrival]] = defaultdict(list)
+    identifiers: dict[tuple[str, str, str], list[datetime]] = defaultdict(list)
     user_of: dict[str, str | None] = {}
     events: dict[str, tuple[str, str | None, str]] = {}
     for a in kept:
@@ -299,6 +302,14 @@ def oracle(arrivals: list[Arrival]) -> Expected:
         events[a.stored["eventId"]] = (cid, user, action)
         by_customer[cid].append(a)
         user_of[cid] = user
+        email = a.msg["traits"].get("email") if a.kind == "identify" else None
+        for id_type, value in (
+            ("userId", user),
+            ("anonymousId", a.msg.get("anonymousId")),
+            ("email", email if isinstance(email, str) else None),
+        ):
+            if value is not None:
+                identifiers[(cid, id_type, value)].append(event_time(a))
 
     traits: dict[str, dict[str, Any]] = {}
     first_last: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
@@ -321,7 +332,7 @@ def oracle(arrivals: list[Arrival]) -> Expected:
             first.setdefault(action, a.stored["eventId"])
             last[action] = a.stored["eventId"]
         first_last[cid] = (first, last)
-    return Expected(events, traits, first_last, duplicates)
+    return Expected(events, traits, first_last, duplicates, identifiers)
 
 
 # ---------------------------------------------------------------- the marts
@@ -613,6 +624,19 @@ def test_every_pass_matches_the_oracle(built: Built, pass_index: int) -> None:
 
     dups = {(r["account_id"], r["message_id"]): r["duplicate_count"] for r in marts["duplicates"]}
     assert dups == expected.duplicates
+
+    # Every userId, anonymousId and email a customer was seen with, first and last seen by event
+    # time (to the millisecond the collector stamps times with).
+    seen = {
+        (r["customer_id"], r["id_type"], r["id_value"]): r for r in marts["customer_identifiers"]
+    }
+    assert set(seen) == set(expected.identifiers)
+    for key, times in expected.identifiers.items():
+        for got, want in (
+            (seen[key]["first_seen"], min(times)),
+            (seen[key]["last_seen"], max(times)),
+        ):
+            assert abs(got - want) <= timedelta(milliseconds=1), (key, got, want)
 
     # The guide's per-customer example: events and distinct actions per customer.
     per_customer: dict[str, list[str]] = defaultdict(list)
