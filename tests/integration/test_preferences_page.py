@@ -216,3 +216,31 @@ def test_docs_self_hosted_page_example_works(env: PrefsEnv, tmp_path: Path) -> N
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_a_hostile_campaign_is_shown_as_text_and_never_runs(
+    env: PrefsEnv, browser: Browser
+) -> None:
+    """utm_campaign is reflected into the form's action and the page's JSON data: quotes, angle
+    brackets and a closing script tag stay data (no dialog opens, no markup is injected)."""
+    hostile = "</script><script>alert(1)</script>\"'><img src=x onerror=alert(2)>"
+    page = browser.new_page()
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    r = httpx.get(
+        f"{env.server.url}/content",
+        params={QUERY: env.sids["page-nojs"], "utm_campaign": hostile},
+        timeout=30,
+    )
+    assert r.status_code == 200
+    assert r.text.count("</script") == r.text.count("<script"), "a script block was closed early"
+    assert "<img" not in r.text
+    page.goto(str(r.url))
+    expect(page.get_by_role("heading", level=1)).to_have_text("Your communication preferences")
+    data = page.evaluate("JSON.parse(document.getElementById('prefs-data').textContent)")
+    assert data["assetId"] == hostile  # the page's script sends it back as it came
+    # An injected script would have run while the page parsed, before goto returned; no element
+    # exists for an onerror handler.
+    assert page.locator("img").count() == 0
+    assert dialogs == []
+    page.close()
