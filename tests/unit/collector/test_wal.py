@@ -140,3 +140,30 @@ def test_concurrent_appends_from_threads(tmp_path: Path) -> None:
     wal.close()
     total = sum(len(list(read_records(s))) for s in list_segments(tmp_path / "wal"))
     assert total == 400
+
+
+def test_recovery_lands_an_unsealed_segment_with_a_torn_tail(tmp_path: Path) -> None:
+    """A server killed mid-write leaves its open `.wal` segment with a torn last frame (never
+    acknowledged: its fsync did not complete). The next start lands every whole record once, sealed
+    segments and unsealed alike, drops the torn one, and continues after the highest sequence."""
+    paths = DataPaths(tmp_path)
+    wal_dir = tmp_path / "wal"
+    wal_dir.mkdir()
+    sealed = [stored(i) for i in range(2)]
+    (wal_dir / "0000000000000003.sealed").write_bytes(b"".join(frame(r) for r in sealed))
+    acked = [stored(i) for i in range(2, 6)]
+    torn = frame(stored(9))[:-7]
+    (wal_dir / "0000000000000004.wal").write_bytes(b"".join(frame(r) for r in acked) + torn)
+
+    assert recover(wal_dir, paths, "c0") == 5
+    landed = sorted((tmp_path / "landing").rglob("*.parquet"))
+    assert [p.name for p in landed] == [
+        "c0-0000000000000003.parquet",
+        "c0-0000000000000004.parquet",
+    ]
+    users = [u for p in landed for u in pq.read_table(p).column("user_id").to_pylist()]
+    assert users == [f"u{i}" for i in range(6)]  # u9, the torn record, is not among them
+    assert not list(wal_dir.iterdir())
+    # A second start finds nothing left to land, and lands nothing twice.
+    recover(wal_dir, paths, "c0")
+    assert sorted((tmp_path / "landing").rglob("*.parquet")) == landed
