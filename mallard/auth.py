@@ -22,14 +22,22 @@ def authorize(request: Request, client_id: str, account_id: str, brand_id: str) 
     control: ControlStore = request.app.state.control
     secret = request.headers.get(TOKEN_HEADER)
     if not secret:
+        limit_unauthenticated(request)
         raise Unauthenticated(f"missing {TOKEN_HEADER} header")
     scope, tenant_exists = control.access(secret, client_id, account_id, brand_id)
     if scope is None:
+        limit_unauthenticated(request)
         raise Unauthenticated(f"invalid {TOKEN_HEADER}")
     if not (tenant_exists and scope.allows(client_id, account_id, brand_id)):
         raise Forbidden(f"token not authorised for {client_id}/{account_id}/{brand_id}")
     limit(request, "token:" + hashlib.sha256(secret.encode()).hexdigest()[:16])
     return scope
+
+
+def limit_unauthenticated(request: Request) -> None:
+    """Calls without a valid token draw on a bucket of their client's address: guessing tokens
+    is limited like calling with one, and a valid token's own bucket is not touched."""
+    limit(request, "unauthenticated:" + (request.client.host if request.client else ""))
 
 
 def limit(request: Request, key: str) -> None:

@@ -192,3 +192,23 @@ def test_direct_calls_record_the_request_ip(srv: Server) -> None:
     r = srv.post("track", {**VALID["track"], "context": {"direct": True}})
     wait_landed(srv.data_dir, [r.json()["eventId"]])
     assert landed_messages(srv.data_dir)[r.json()["eventId"]]["context"]["ip"] == "127.0.0.1"
+
+
+def test_calls_without_a_valid_token_are_rate_limited_by_address(server_factory: Any) -> None:
+    """Guessing tokens is limited like calling with one: invalid and missing tokens draw on a
+    bucket of the caller's address (here 3, refilled once a 100 s), which leaves a valid token's
+    own bucket alone."""
+    server = server_factory(env={"MALLARD_RATE_PER_SECOND": "0.01", "MALLARD_RATE_BURST": "3"})
+    guess = {"content-type": "application/json", "auth-token": "mlt_00000000_guess"}
+    codes = [
+        httpx.post(f"{server.base}/track", json=VALID["track"], headers=guess).status_code
+        for _ in range(2)
+    ]
+    codes.append(httpx.get(f"{server.base}/events").status_code)  # no token, read API
+    assert codes == [403, 403, 401]
+    r = httpx.post(f"{server.base}/track", json=VALID["track"], headers=guess)
+    assert r.status_code == 429 and r.json()["success"] is False
+    assert r.headers["retry-after"] == "100"  # ceil((1 - 0 tokens) / 0.01 per s)
+    r = httpx.get(f"{server.base}/events", headers={"auth-token": "mlt_00000000_guess"})
+    assert r.status_code == 429 and r.json()["error"]["code"] == "rate_limit_error"
+    assert server.post("track", VALID["track"]).status_code == 200  # a valid token still works
