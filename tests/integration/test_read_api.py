@@ -18,8 +18,10 @@ from typing import Any
 import httpx
 import pytest
 
+from api.params import decode_scroll, encode_scroll
 from mallard.paths import DataPaths
 from mallard.warehouse import connect
+from orchestration.maintenance import maintain
 from tests.conftest import Server, free_port, init_data_dir, mallard, wait_landed
 
 CLIENT, ACCOUNT, BRAND, OTHER_BRAND = "acme", "shop", "SHOP", "OUTLET"
@@ -826,3 +828,31 @@ def collect_profiles_from(api: Checked, lake: Lake, first: dict[str, Any]) -> li
         body = ok(get(api, lake, "profiles", scrollId=body["scrollId"]))
         out += body["data"]
     return out
+
+
+def test_a_scroll_on_an_expired_snapshot_is_told_to_start_again(api: Checked, lake: Lake) -> None:
+    """Maintenance expires old snapshots (and deletes their files). A scroll begun on one never
+    gets rows of another snapshot: it goes on from the read index the server still holds for
+    it, or, read from the lake, gets 400 "start again". A new list works. Last in the module: it
+    expires the shared lake's history."""
+    whole = collect_profiles(api, lake)  # the list on the current snapshot
+    first = ok(get(api, lake, "profiles", size=2))
+    paths = DataPaths(lake.server.data_dir)
+    conn = connect(paths)  # a newer snapshot, so the scroll's is no longer the current one
+    try:
+        conn.execute("create table lake.state.scroll_expiry_probe as select 1 as x")
+    finally:
+        conn.close()
+    maintain(paths, retention=timedelta(0))
+
+    r = get(api, lake, "profiles", scrollId=first["scrollId"])
+    if r.status_code == 200:  # from the index of the scroll's snapshot, still in memory
+        page = r.json()["data"]
+        assert page and page == whole[2 : 2 + len(page)]  # the next page of the same list
+    else:
+        assert "start again" in error(r, 400, "invalid_request_error")
+    # A snapshot the server holds nothing of is read from the lake, where it is gone.
+    stale = {**decode_scroll(first["scrollId"], "profiles"), "v": 1}
+    r = get(api, lake, "profiles", scrollId=encode_scroll(stale))
+    assert "start again" in error(r, 400, "invalid_request_error")
+    assert len(ok(get(api, lake, "profiles", size=2))["data"]) == 2
