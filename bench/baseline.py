@@ -58,7 +58,7 @@ _FINGERPRINT = {
 
 
 def script(paths: DataPaths) -> str:
-    from orchestration.context import hmac_pads
+    from orchestration.environment import hmac_pads
     from orchestration.warehouse import ensure_secret
 
     ipad, opad = hmac_pads(ensure_secret(paths))

@@ -11,18 +11,6 @@ from pathlib import Path
 from mallard.paths import DataPaths
 from mallard.priority import yield_cpu
 from mallard.settings import get_settings
-from orchestration.environment import dbt_env, hmac_pads
-
-__all__ = [
-    "DBT_DIR",
-    "REPO",
-    "data_paths",
-    "dbt_env",
-    "ensure_dagster_home",
-    "hmac_pads",
-    "subscription_id",
-    "yield_cpu_to_readers",
-]
 
 REPO = Path(__file__).resolve().parents[1]
 DBT_DIR = REPO / "dbt_project"

@@ -26,9 +26,9 @@ from packaging import version
 
 from mallard.paths import DataPaths
 from mallard.settings import get_settings
-from orchestration.context import DBT_DIR, dbt_env, yield_cpu_to_readers
+from orchestration.context import DBT_DIR, yield_cpu_to_readers
 from orchestration.dbt_in_process import in_process_dbt
-from orchestration.environment import dbt_environment
+from orchestration.environment import dbt_env, dbt_environment
 from orchestration.resources import LakeResource
 from orchestration.window import (
     LIGHT_TESTS,

@@ -42,7 +42,8 @@ from collector.roller import records_to_tables
 from mallard.harness import init_data_dir, mallard
 from mallard.paths import DataPaths
 from mallard.warehouse import connect
-from orchestration.context import DBT_DIR, dbt_env
+from orchestration.context import DBT_DIR
+from orchestration.environment import dbt_env
 from orchestration.load import load_new_files
 from orchestration.maintenance import compact_fragmented
 from orchestration.window import current_window, open_pass

@@ -14,7 +14,8 @@ import pytest
 from bench.generator import Traffic
 from mallard.paths import DataPaths
 from mallard.warehouse import connect
-from orchestration.context import hmac_pads, subscription_id
+from orchestration.context import subscription_id
+from orchestration.environment import hmac_pads
 from orchestration.load import landing_files, load_new_files
 
 

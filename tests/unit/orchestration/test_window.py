@@ -15,7 +15,8 @@ from dagster_dbt.asset_utils import extract_runtime_selection_from_args
 
 from mallard.paths import DataPaths
 from mallard.warehouse import connect
-from orchestration.context import DBT_DIR, dbt_env
+from orchestration.context import DBT_DIR
+from orchestration.environment import dbt_env
 from orchestration.load import load_new_files
 from orchestration.warehouse import ensure_warehouse
 from orchestration.window import (
