@@ -59,7 +59,7 @@ _FINGERPRINT = {
 
 def script(paths: DataPaths) -> str:
     from orchestration.environment import hmac_pads
-    from orchestration.warehouse import ensure_secret
+    from mallard.secret import ensure_secret
 
     ipad, opad = hmac_pads(ensure_secret(paths))
     root = str(paths.landing_dir) + "/"

@@ -26,6 +26,23 @@ class DataPaths:
         return self.root / "preferences_journal.sqlite"
 
     @property
+    def regulations_db(self) -> Path:
+        """SQLite store of regulations, the collectors' suppression and NoTrack lists (hashed
+        identifiers) and the tombstones of deleted subjects (mallard/regulations.py)."""
+        return self.root / "regulations.sqlite"
+
+    @property
+    def regulations_generation(self) -> Path:
+        """An 8-byte counter every change of the collectors' lists increments; each collector
+        maps it and reloads its lists when it moves."""
+        return self.root / "regulations.generation"
+
+    @property
+    def access_dir(self) -> Path:
+        """Access zips of finished ACCESS regulations, until their downloads expire."""
+        return self.root / "access"
+
+    @property
     def wal_dir(self) -> Path:
         return self.root / "wal"
 

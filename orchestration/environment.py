@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 from mallard.paths import DataPaths
-from orchestration.warehouse import ensure_secret
+from mallard.secret import ensure_secret
 
 # Off for every process the orchestrator and `mallard up` start: dbt's and Dagster's usage
 # reporting would try the network, which a self-hosted install must not need.

@@ -4,7 +4,6 @@ pass manifest only the orchestrator writes."""
 from __future__ import annotations
 
 import contextlib
-import secrets
 import sqlite3
 import threading
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import duckdb
 
 from mallard.paths import DataPaths
+from mallard.secret import ensure_secret
 from mallard.warehouse import connect
 
 SCHEMAS = ("raw", "staging", "intermediate", "marts", "state")
@@ -60,17 +60,6 @@ create table if not exists lake.state.pass_manifest (
     opened_at timestamptz not null
 );
 """
-
-
-def ensure_secret(paths: DataPaths) -> str:
-    """The server secret behind subscription ids; made once, kept in the data dir only."""
-    if not paths.secret_file.exists():
-        paths.secret_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = paths.secret_file.with_suffix(".tmp")
-        tmp.write_text(secrets.token_hex(32))
-        tmp.chmod(0o600)
-        tmp.rename(paths.secret_file)
-    return paths.secret_file.read_text().strip()
 
 
 def ensure_wal_catalog(paths: DataPaths) -> bool:
