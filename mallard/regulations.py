@@ -261,8 +261,7 @@ class RegulationStore:
         self.key = hash_key(paths)
         self.generation = Generation(paths.regulations_generation)
         self._local = threading.local()
-        with self._tx() as conn:
-            conn.executescript(SCHEMA)
+        self._conn().executescript(SCHEMA)
 
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
@@ -405,6 +404,18 @@ class RegulationStore:
                 f"select {_COLUMNS} from regulations where client_id = ? and account_id = ?"
                 " order by created_at desc, regulation_id desc limit ?",
                 (client_id, account_id, limit),
+            )
+            .fetchall()
+        )
+        return [_row(r) for r in rows]
+
+    def list_account(self, account_id: str) -> list[Regulation]:
+        """Every regulation of an account, oldest first."""
+        rows = (
+            self._conn()
+            .execute(
+                f"select {_COLUMNS} from regulations where account_id = ? order by created_at",
+                (account_id,),
             )
             .fetchall()
         )

@@ -14,8 +14,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 
 from mallard.paths import DataPaths
+from mallard.regulations import RegulationStore
 from orchestration.locks import load_lock
 from orchestration.warehouse import lake_connection
 
@@ -68,6 +70,51 @@ def landed_since(mark: str, cursor: str | None) -> bool:
     return bool(mark) and (not (cursor or "").isdigit() or mark > (cursor or ""))
 
 
+# The rows of deleted subjects (orchestration/regulations/purge.py): by messageId whenever it
+# arrives (a replay), by userId or by the anonymousId of an anonymous message when received
+# before the delete (an old copy of a landing file).
+_BURIED = """
+    anti join mallard_tombstones as t1
+        on t1.kind = 'message' and t1.account_id = m.account_id
+        and t1.id_hash = sha256($key || ':' || m.account_id || ':' || m.message_id)
+    anti join mallard_tombstones as t2
+        on t2.kind = 'user' and t2.account_id = m.account_id and m.received_at <= t2.deleted_at
+        and t2.id_hash = sha256($key || ':' || m.account_id || ':' || m.user_id)
+    anti join mallard_tombstones as t3
+        on t3.kind = 'anonymous' and t3.account_id = m.account_id and m.user_id is null
+        and m.received_at <= t3.deleted_at
+        and t3.id_hash = sha256($key || ':' || m.account_id || ':' || m.anonymous_id)
+"""
+
+
+def _tombstones(conn: duckdb.DuckDBPyConnection, paths: DataPaths) -> dict[str, str]:
+    """The tombstones of deleted subjects as the temp table `mallard_tombstones`; the key its
+    hashes take (as a query parameter), or nothing when there are none."""
+    if not paths.regulations_db.exists():
+        return {}
+    store = RegulationStore(paths)
+    try:
+        rows = store.tombstones()
+    finally:
+        store.close()
+    if not rows:
+        return {}
+    conn.register(
+        "mallard_tombstones_rows",
+        pa.table(
+            {
+                "account_id": [r[0] for r in rows],
+                "kind": [r[1] for r in rows],
+                "id_hash": [r[2] for r in rows],
+                "deleted_at": [datetime.fromtimestamp(r[3], UTC) for r in rows],
+            }
+        ),
+    )
+    conn.execute("create or replace temp table mallard_tombstones as from mallard_tombstones_rows")
+    conn.unregister("mallard_tombstones_rows")
+    return {"key": store.key}
+
+
 def load_new_files(paths: DataPaths, *, fail_before_commit: bool = False) -> LoadResult:
     """Load every landing file not in the ledger. `fail_before_commit` is for crash tests."""
     with load_lock(paths):
@@ -88,18 +135,20 @@ def load_new_files(paths: DataPaths, *, fail_before_commit: bool = False) -> Loa
                 "now": datetime.now(UTC),
                 "names": batch,
             }
+            buried = _tombstones(conn, paths)
             conn.execute("begin transaction")
             conn.execute(
-                """
+                f"""
                 insert into lake.raw.messages
                 select
                     event_id, message_id, client_id, account_id, brand_id, type, event, user_id,
                     anonymous_id, "timestamp", received_at, sent_at, channel, source, message,
                     replace(filename, $root, '') as landing_file,
                     $now as loaded_at
-                from read_parquet($files, filename = true, hive_partitioning = false)
+                from read_parquet($files, filename = true, hive_partitioning = false) as m
+                {_BURIED if buried else ""}
                 """,
-                {k: params[k] for k in ("files", "root", "now")},
+                {k: params[k] for k in ("files", "root", "now")} | buried,
             )
             conn.execute(
                 """

@@ -16,6 +16,7 @@ from orchestration.defs.maintenance import (
     maintenance,
     maintenance_nightly,
 )
+from orchestration.regulations.job import regulation
 from orchestration.resources import LakeResource
 
 
@@ -32,7 +33,7 @@ def build_definitions(data_dir: Path) -> dg.Definitions:
     )
     return dg.Definitions(
         assets=[raw_messages, dbt_models],
-        jobs=[pipeline, maintenance, compaction],
+        jobs=[pipeline, maintenance, compaction, regulation],
         sensors=[new_files_sensor(), fragmentation_sensor],
         schedules=[backstop_schedule(), maintenance_nightly],
         resources={"dbt": dbt_resource, "lake": LakeResource(data_dir=str(paths.root))},
