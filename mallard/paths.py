@@ -38,6 +38,12 @@ class DataPaths:
         return self.root / "regulations.generation"
 
     @property
+    def purge_generation(self) -> Path:
+        """An 8-byte counter each finished Delete increments: the API then drops what it holds
+        in memory of earlier snapshots (read index, event pages, its DuckDB connection)."""
+        return self.root / "regulations.purges"
+
+    @property
     def access_dir(self) -> Path:
         """Access zips of finished ACCESS regulations, until their downloads expire."""
         return self.root / "access"

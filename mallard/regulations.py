@@ -20,6 +20,7 @@ before they admit the next message, and admit nothing while the lists cannot be 
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import fcntl
 import hashlib
@@ -166,13 +167,24 @@ def _row(r: tuple[Any, ...]) -> Regulation:
         return None if v is None else json.loads(v)
 
     return Regulation(
-        *r[:9],
-        json.loads(r[9]),
-        json.loads(r[10]),
-        js(r[11]),
-        js(r[12]),
-        js(r[13]),
-        *r[14:],
+        regulation_id=r[0],
+        client_id=r[1],
+        account_id=r[2],
+        brand_id=r[3],
+        regulation_type=r[4],
+        status=r[5],
+        created_at=r[6],
+        started_at=r[7],
+        finished_at=r[8],
+        subject_ids=json.loads(r[9]),
+        subject_hashes=json.loads(r[10]),
+        identifiers=js(r[11]),
+        outcome=js(r[12]),
+        evidence=js(r[13]),
+        download_path=r[14],
+        download_expires_at=r[15],
+        error=r[16],
+        attempts=r[17],
     )
 
 
@@ -291,7 +303,7 @@ class RegulationStore:
         account_id: str,
         brand_id: str,
         kind: str,
-        user_ids: list[str],
+        user_ids: builtins.list[str],
         anonymous_ids: dict[str, list[str]] | None = None,
     ) -> Regulation:
         """File a regulation; its effect on the collectors' lists holds when this returns.
@@ -397,7 +409,7 @@ class RegulationStore:
         )
         return _row(row) if row else None
 
-    def list(self, client_id: str, account_id: str, limit: int = 100) -> list[Regulation]:
+    def list(self, client_id: str, account_id: str, limit: int = 100) -> builtins.list[Regulation]:
         rows = (
             self._conn()
             .execute(
@@ -409,7 +421,7 @@ class RegulationStore:
         )
         return [_row(r) for r in rows]
 
-    def list_account(self, account_id: str) -> list[Regulation]:
+    def list_account(self, account_id: str) -> builtins.list[Regulation]:
         """Every regulation of an account, oldest first."""
         rows = (
             self._conn()
@@ -421,7 +433,7 @@ class RegulationStore:
         )
         return [_row(r) for r in rows]
 
-    def unfinished(self) -> list[Regulation]:
+    def unfinished(self) -> builtins.list[Regulation]:
         rows = (
             self._conn()
             .execute(
@@ -453,7 +465,7 @@ class RegulationStore:
             is not None
         )
 
-    def tombstones(self, account_id: str | None = None) -> list[tuple[str, str, str, float]]:
+    def tombstones(self, account_id: str | None = None) -> builtins.list[tuple[str, str, str, float]]:
         """(account_id, kind, id_hash, deleted_at) of every tombstone (of one account)."""
         sql = "select account_id, kind, id_hash, deleted_at from tombstones"
         if account_id is None:
@@ -604,6 +616,11 @@ class AdmissionLists:
                     by_account = self._open().lists()
                     break
                 except (sqlite3.Error, OSError) as e:
+                    # A connection that read a broken file keeps failing after the file is
+                    # restored: the next attempt opens the store anew.
+                    store, self._store = self._store, None
+                    if store is not None:
+                        store.close()
                     if time.monotonic() >= deadline:
                         raise ListsUnavailable(f"regulation lists unreadable: {e}") from e
                     time.sleep(0.05)

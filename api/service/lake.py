@@ -33,9 +33,11 @@ class Lake:
         self._conn: duckdb.DuckDBPyConnection | None = None
         self._lock = threading.Lock()
         self._local = threading.local()
+        self._epoch = 0  # counts close(): a thread's cursor is of one connection
 
     def close(self) -> None:
         with self._lock:
+            self._epoch += 1
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
@@ -43,11 +45,12 @@ class Lake:
     def _cursor(self) -> duckdb.DuckDBPyConnection:
         # DuckDB connections are not thread-safe: one cursor per worker thread.
         cur = getattr(self._local, "cur", None)
-        if cur is None:
+        if cur is None or self._local.epoch != self._epoch:
             with self._lock:
                 if self._conn is None:
                     self._conn = connect(self.paths, read_only=True)
                 cur = self._conn.cursor()
+                self._local.epoch = self._epoch
             self._local.cur = cur
         return cur
 

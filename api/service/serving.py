@@ -19,6 +19,7 @@ from api.service.lake import Lake
 from api.service.snapshot import Snapshot
 from mallard.paths import DataPaths
 from mallard.priority import yield_cpu
+from mallard.regulations import Generation
 
 log = logging.getLogger(__name__)
 # Marts up to this size (Parquet bytes) are indexed inside the request that first needs them, so
@@ -62,6 +63,11 @@ class Serving(Lake):
         self._rechecking = False
         self._fresh: dict[int, Snapshot] = {}
         self.latest: Snapshot | None = None  # the newest snapshot a request has read
+        # Finished Deletes (orchestration/regulations): when the count moves, everything held
+        # of earlier snapshots goes; an index build begun before is not kept.
+        self._purges = Generation(paths.purge_generation)
+        self._purges_seen: int | None = None
+        self._purge_epoch = 0
 
     def warm(self) -> None:
         """Start building the current snapshot's index now, not at the first request."""
@@ -173,6 +179,7 @@ class Serving(Lake):
         is still being built, the answer comes from the newest snapshot that has one: a few
         seconds older (the freshness headers say so), instead of seconds-long scans of the lake.
         """
+        self._drop_if_purged()
         latest = version is None
         if version is None:
             version = self._current_version()
@@ -188,6 +195,26 @@ class Serving(Lake):
         if latest:
             self.latest = snap
         return snap
+
+    def _drop_if_purged(self) -> None:
+        """After a Delete finished: drop the indexes, the event pages process, the snapshots'
+        freshness and the DuckDB connection (its caches and file handles), so no answer comes
+        from data the Delete removed; the next answers read the lake as it is now."""
+        purges = self._purges.read()
+        if self._purges_seen is None:
+            self._purges_seen = purges
+        if purges == self._purges_seen:
+            return
+        with self._build_lock:
+            self._purges_seen = purges
+            self._purge_epoch += 1
+            self._indexes, self._keys, self._fresh = {}, {}, {}
+            self._unusable = set()
+            self._serving, self._serving_bytes, self._seen, self.latest = None, 0, None, None
+        if self.pages is not None:
+            self.pages.close()  # started again at its next use, empty
+        Lake.close(self)
+        log.info("a Delete finished: read index and connections dropped")
 
     # --- the index -------------------------------------------------------------------------
 
@@ -354,6 +381,7 @@ class Serving(Lake):
     def _build(self, key: tuple[Files, Files], version: int) -> Index | None:
         self._unless_memory_only()
         t0 = time.monotonic()
+        epoch = self._purge_epoch
         # Updated from the newest index of an earlier snapshot: most of its rows are this
         # one's too, and a data file's deletes then only grow.
         earlier = [i for i in self._indexes.values() if i.version <= version]
@@ -375,6 +403,8 @@ class Serving(Lake):
         except Exception:
             log.exception("read index build failed; answering from SQL")
             self._unusable.add(key)
+            return None
+        if epoch != self._purge_epoch:  # a Delete finished meanwhile: built from old files
             return None
         # Keep this build and the one before it (scrolls pinned to it may still be reading).
         self._indexes = {k: v for k, v in list(self._indexes.items())[-1:]} | {key: idx}

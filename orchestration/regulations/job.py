@@ -24,9 +24,10 @@ from typing import Any
 import dagster as dg
 
 from mallard.paths import DataPaths
-from mallard.regulations import NO_TRACK, SUPPRESS, Regulation, RegulationStore
+from mallard.regulations import NO_TRACK, SUPPRESS, Generation, Regulation, RegulationStore
 from orchestration.regulations import purge, verify
-from orchestration.regulations.subjects import Subject, resolve as resolve_subject
+from orchestration.regulations.subjects import Subject
+from orchestration.regulations.subjects import resolve as resolve_subject
 from orchestration.resources import LakeResource
 from orchestration.warehouse import lake_connection
 
@@ -339,6 +340,9 @@ def verify_and_finish(
         where = ", ".join([*remaining, *found][:10])
         store.fail(reg.regulation_id, f"the subject is still found in: {where}")
         raise dg.Failure(f"the subject is still found in {len(remaining) + len(found)} places")
+    # Readers (the API's read index) drop what they hold of earlier snapshots before the
+    # regulation shows finished.
+    Generation(paths.purge_generation).bump()
     store.forget(reg.account_id, subject.user_ids)
     store.finish(reg.regulation_id, outcome=_outcome(reg), evidence=evidence)
     store.compact()
@@ -348,8 +352,6 @@ def verify_and_finish(
         store.fail(reg.regulation_id, f"the subject is still found in: {', '.join(left)}")
         store.save(reg.regulation_id, evidence=evidence)
         raise dg.Failure("the subject is still found in the regulation store")
-    # Readers (the API's read index) drop what they hold of earlier snapshots.
-    store.generation.bump()
     context.log.info(
         f"finished: {sum(evidence.get('rowsDeleted', {}).values())} rows deleted, "
         "0 rows and 0 bytes remaining"

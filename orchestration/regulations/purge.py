@@ -177,7 +177,8 @@ def _recount_landing_ledger(conn: duckdb.DuckDBPyConnection) -> None:
             left join lake.raw.messages as messages using (landing_file)
             group by ledger.landing_file
         ) as counted
-        where ledger.landing_file = counted.landing_file and ledger.rows != coalesce(counted.rows, 0)
+        where ledger.landing_file = counted.landing_file
+            and ledger.rows != coalesce(counted.rows, 0)
         """
     )
 
@@ -224,7 +225,8 @@ def _landing_with_subject(paths: DataPaths, subject: Subject) -> list[Path]:
     conn = duckdb.connect(":memory:")
     try:
         rows = conn.execute(
-            f"select distinct filename from read_parquet($files, filename = true) where {sel.where}",
+            "select distinct filename from read_parquet($files, filename = true)"
+            f" where {sel.where}",
             {**sel.params, "files": [str(p) for p in files]},
         ).fetchall()
     finally:
