@@ -176,6 +176,7 @@ _ERRORS = {
     500: _FAILED,
     503: _BUSY,
 }
+READ_ERRORS = _ERRORS
 PREFERENCES_ERRORS = {
     400: ("invalid_request_error: a bad update body or assetId", 'unknown field "channel"'),
     404: ("not_found: no customer has this subscription id", "unknown subscription id"),

@@ -11,6 +11,8 @@ import api/, collector/ and orchestration/ (everything else in mallard/ is impor
 from __future__ import annotations
 
 import gc
+import logging
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -31,8 +33,12 @@ from mallard.errors import MallardError, body_too_large, error_body, family_of
 from mallard.ids import new_id
 from mallard.paths import DataPaths
 from mallard.ratelimit import RateLimiter
+from mallard.regulation_runs import RegulationRuns
+from mallard.regulations import RegulationStore
 from mallard.settings import Settings, get_settings
 from mallard.tenancy import ControlStore
+
+log = logging.getLogger(__name__)
 
 # Framework errors keep their status; this gives them the code of our hierarchy.
 _HTTP_CODES = {
@@ -150,9 +156,26 @@ def health(request: Request) -> dict[str, Any]:
     }
 
 
+def resume_regulations(store: RegulationStore, runs: RegulationRuns) -> None:
+    """Start again the runs of regulations left pending or running with no live run (the
+    server or a run was stopped), on a thread: start-up does not wait for them."""
+
+    def run() -> None:
+        try:
+            started = runs.resume(store)
+        except Exception:
+            log.exception("regulations: unfinished runs not started again")
+            return
+        for regulation_id, pid in started.items():
+            log.warning("regulation %s: run started again (pid %d)", regulation_id, pid)
+
+    threading.Thread(target=run, name="resume-regulations", daemon=True).start()
+
+
 def create_app(settings: Settings | None = None) -> Litestar:
     from api.middleware import add_freshness
     from api.preferences_routes import ROUTES as PREFERENCE_ROUTES
+    from api.regulations import ROUTES as REGULATION_ROUTES
     from api.routes import ROUTES as API_ROUTES
     from api.service import Warehouse
     from collector.clients import ROUTES as CLIENT_ROUTES
@@ -160,6 +183,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
     from collector.routes import ROUTES as COLLECTOR_ROUTES
     from collector.service import Collector
     from collector.tag import ROUTES as TAG_ROUTES
+    from orchestration.environment import TELEMETRY_OFF
 
     settings = settings or get_settings()
     paths = DataPaths(settings.data_dir)
@@ -176,6 +200,9 @@ def create_app(settings: Settings | None = None) -> Litestar:
             pages_idle=settings.pipeline_idle,
         )
         app.state.warehouse.warm()
+        app.state.regulations = RegulationStore(paths)
+        app.state.regulation_runs = RegulationRuns(paths, TELEMETRY_OFF)
+        resume_regulations(app.state.regulations, app.state.regulation_runs)
         # What start-up made (the framework, routes, the OpenAPI shapes) lives as long as the
         # server: frozen, the collector's full collections no longer walk it, and their pauses
         # stay out of the acks' tail latency.
@@ -186,6 +213,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         finally:
             await app.state.collector.stop()
             app.state.warehouse.close()
+            app.state.regulations.close()
 
     app = Litestar(
         route_handlers=[
@@ -195,6 +223,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             *TAG_ROUTES,
             *API_ROUTES,
             *PREFERENCE_ROUTES,
+            *REGULATION_ROUTES,
             openapi_assets,
         ],
         lifespan=[lifespan],

@@ -1,4 +1,5 @@
-"""The `mallard` command line: init, serve, pipeline run, tokens, accounts, writekeys, demo, up.
+"""The `mallard` command line: init, serve, pipeline run, tokens, accounts, writekeys,
+regulations, demo, up.
 
 With mallard/app.py, the composition root: the only modules of mallard/ that import api/,
 collector/ and orchestration/ (each command imports what it runs, when it runs).
@@ -13,11 +14,15 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mallard.paths import DataPaths
 from mallard.settings import get_settings
 from mallard.tenancy import ControlStore, Scope, TenancyError
+
+if TYPE_CHECKING:
+    from mallard.regulation_runs import RegulationRuns
+    from mallard.regulations import RegulationStore
 
 DEMO = ("demo", "demo", "DEMO")
 
@@ -221,6 +226,130 @@ def cmd_writekeys(args: argparse.Namespace) -> int:
     return 0
 
 
+def _regulation_runs(paths: DataPaths) -> RegulationRuns:
+    from mallard.regulation_runs import RegulationRuns
+    from orchestration.environment import TELEMETRY_OFF
+
+    return RegulationRuns(paths, TELEMETRY_OFF)
+
+
+def _regulation_body(args: argparse.Namespace) -> bytes:
+    """The request body: the --body file (- for stdin), else built from --type and the ids."""
+    if args.body:
+        if args.type or args.ids:
+            raise SystemExit("mallard: give either --body or --type with userIds, not both")
+        return sys.stdin.buffer.read() if args.body == "-" else Path(args.body).read_bytes()
+    if not args.type or not args.ids:
+        raise SystemExit("mallard: give --type and at least one userId (or --body FILE)")
+    subject = {"type": "USER_ID", "ids": args.ids}
+    return json.dumps({"regulationType": args.type, "subject": subject}).encode()
+
+
+def cmd_regulations(args: argparse.Namespace) -> int:
+    """File, list, show and download regulations, and run them: what the HTTP routes do, for
+    an operator on the server's machine (same checks, same JSON answers)."""
+    from api.regulations import describe, download_file, encode, filed, parse_body, summary
+    from mallard.errors import MallardError
+    from mallard.regulations import RegulationStore
+
+    paths = _paths(args)
+    if not paths.control_db.exists():
+        print(f"{paths.root} is not initialised: run `mallard init` first", file=sys.stderr)
+        return 2
+    store = RegulationStore(paths)
+    try:
+        if args.regulations_cmd == "run":
+            if store.get(args.regulation_id) is None:
+                print(f"mallard: no regulation {args.regulation_id}", file=sys.stderr)
+                return 1
+            ran = _run_regulation(paths, store, args.regulation_id)
+            return 1 if ran == "failed" else 0
+        if args.regulations_cmd == "file":
+            from api.regulations import file_regulation
+            from api.service import Warehouse
+            from collector.messages import Tenant
+
+            account = args.account or args.client
+            brand = args.brand or account.upper()
+            control = ControlStore(paths.control_db)
+            if not control.tenant_exists(args.client, account, brand):
+                print(f"mallard: unknown brand {args.client}/{account}/{brand}", file=sys.stderr)
+                return 2
+            kind, user_ids = parse_body(_regulation_body(args))
+            warehouse = Warehouse(paths, use_index=False)
+            try:
+                reg = file_regulation(
+                    store,
+                    warehouse,
+                    _regulation_runs(paths),
+                    Tenant(args.client, account, brand),
+                    kind,
+                    user_ids,
+                )
+            finally:
+                warehouse.close()
+            _print_bytes(encode(filed(reg)))
+        elif args.regulations_cmd == "list":
+            regs = store.list(args.client, args.account or args.client, args.limit)
+            _print_bytes(encode({"data": [summary(r) for r in regs]}))
+        elif args.regulations_cmd == "resume":
+            started = _regulation_runs(paths).resume(store)
+            for regulation_id, pid in started.items():
+                print(f"regulation {regulation_id}: run started (pid {pid})")
+            if not started:
+                print("no unfinished regulation without a live run")
+        else:
+            found = store.get(args.regulation_id)
+            if found is None:
+                print(f"mallard: no regulation {args.regulation_id}", file=sys.stderr)
+                return 1
+            if args.regulations_cmd == "show":
+                _print_bytes(encode(describe(found, store.hash)))
+            else:
+                import shutil
+
+                source = download_file(found, paths)
+                target = Path(args.output or f"access-{found.regulation_id}.zip")
+                shutil.copyfile(source, target)
+                print(f"{target} ({target.stat().st_size} bytes)")
+    except MallardError as e:
+        print(f"mallard: {e.message}", file=sys.stderr)
+        return 1
+    finally:
+        store.close()
+    return 0
+
+
+def _print_bytes(line: bytes) -> None:
+    sys.stdout.buffer.write(line + b"\n")
+    sys.stdout.flush()
+
+
+def _run_regulation(paths: DataPaths, store: RegulationStore, regulation_id: str) -> str:
+    """Run a regulation in this process, unless a live run of it holds its lock; its status
+    after."""
+    import time
+
+    from mallard.regulation_runs import run_lock
+
+    def say(what: str) -> None:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        print(f"{stamp} regulation {regulation_id}: {what}", flush=True)
+
+    with run_lock(paths, regulation_id) as held:
+        if not held:
+            say("a live run holds it; not run again")
+            return "running"
+        say(f"run started (pid {os.getpid()})")
+        from orchestration.regulations.job import run_regulation
+
+        run_regulation(paths.root, regulation_id)
+    reg = store.get(regulation_id)
+    status, error = (reg.status, reg.error) if reg else ("gone", None)
+    say(f"run ended: {status}" + (f" ({error})" if error else ""))
+    return status
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     from mallard.up import up
 
@@ -321,6 +450,34 @@ def build_parser() -> argparse.ArgumentParser:
     c = w.add_parser("revoke", parents=[common], help="revoke by key or its prefix")
     c.add_argument("key")
     s.set_defaults(fn=cmd_writekeys)
+
+    s = sub.add_parser("regulations", help="privacy requests: file, follow, download, run")
+    g = s.add_subparsers(dest="regulations_cmd", required=True)
+    c = g.add_parser("file", parents=[common], help="file a regulation and start its run")
+    c.add_argument("--client", required=True, help="clientId")
+    c.add_argument("--account", help="accountId (default: the clientId)")
+    c.add_argument("--brand", help="BRANDID it is filed on (default: the accountId upper-cased)")
+    c.add_argument(
+        "--type",
+        help="SUPPRESS_WITH_DELETE, DELETE, UNSUPPRESS, SUPPRESS, NO_TRACK, TRACK or ACCESS",
+    )
+    c.add_argument("--body", help="a JSON request body file instead of --type and ids (- stdin)")
+    c.add_argument("ids", nargs="*", metavar="USER_ID", help="the subject's userIds")
+    c = g.add_parser("list", parents=[common], help="an account's regulations, newest first")
+    c.add_argument("--client", required=True, help="clientId")
+    c.add_argument("--account", help="accountId (default: the clientId)")
+    c.add_argument("--limit", type=int, default=100)
+    for verb, text in (
+        ("show", "a regulation: status, per-subject outcome, evidence, download"),
+        ("run", "run a regulation in this process (what filing starts)"),
+    ):
+        c = g.add_parser(verb, parents=[common], help=text)
+        c.add_argument("regulation_id")
+    c = g.add_parser("download", parents=[common], help="copy an ACCESS regulation's zip")
+    c.add_argument("regulation_id")
+    c.add_argument("-o", "--output", help="file to write (default: access-<id>.zip)")
+    g.add_parser("resume", parents=[common], help="start every unfinished regulation's run")
+    s.set_defaults(fn=cmd_regulations)
 
     s = sub.add_parser("up", parents=[common], help="init, serve, demo data, pipeline, Dagster UI")
     s.add_argument("--port", type=int, default=8000)

@@ -58,6 +58,13 @@ class NotFound(MallardError):
     code = "not_found"
 
 
+class Gone(MallardError):
+    """A resource that existed and is no longer served, e.g. an expired download (410)."""
+
+    status = 410
+    code = "not_found"
+
+
 class MethodNotAllowed(MallardError):
     status = 405
     code = "invalid_request_error"
@@ -104,7 +111,9 @@ def family_of(path: str, method: str = "POST") -> Family:
     if path.startswith("/cdp/events/") or path.startswith("/v1/"):
         return "ingest"
     if path.startswith("/track/") and method.upper() == "POST":
-        return "ingest"
+        # POST .../v1/regulations files a request of the read API's family; every other POST
+        # under the tenant path is an ingestion call.
+        return "read" if path.rstrip("/").split("/")[6:] == ["regulations"] else "ingest"
     return "read"
 
 

@@ -30,6 +30,8 @@ BODIES = {
     "page": {"userId": "m-1", "event": "page"},
     "screen": {"userId": "m-1", "name": "Home"},
     "batch": {"batch": [{"type": "track", "userId": "m-1", "event": "Matrix Checked"}]},
+    # Refused by its type (400) once the token is let through: no regulation is filed.
+    "regulations": {"regulationType": "MATRIX", "subject": {"type": "USER_ID", "ids": ["m-1"]}},
 }
 
 
@@ -67,6 +69,7 @@ def test_matrix_covers_ingestion_and_read_routes() -> None:
         assert any(p.endswith(f"/v1/{action}") for p in paths), action
     assert any("/v1/events" in p for p in paths)
     assert any("/v1/profiles" in p for p in paths)
+    assert any("/v1/regulations" in p for p in paths)
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +100,8 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, dict
 
 ALLOWED = ("client", "account", "brands", "brand")
 DENIED = ("other_brand", "other_client")
+# A regulation is account-wide: a token scoped to one brand may not file or read one.
+ACCOUNT_WIDE = ("client", "account", "brands")
 UNAUTHENTICATED = ("revoked", "unknown", "none")
 
 
@@ -112,10 +117,20 @@ def test_route_by_credential(
     action = path.rsplit("/", 1)[-1]
     body = BODIES.get(action) if method == "POST" else None
     r = httpx.request(method, server.url + path, headers=headers, json=body, timeout=30)
-    ingest = method == "POST"
+    regulations = "/v1/regulations" in path
+    ingest = method == "POST" and not regulations
     assert r.headers["content-type"].startswith("application/json")
-    if credential in ALLOWED:
-        if ingest:
+    allowed = ACCOUNT_WIDE if regulations else ALLOWED
+    if credential in allowed:
+        if regulations and method == "POST":  # a body of an unknown type
+            assert r.status_code == 400, r.text
+            assert "regulationType" in r.json()["error"]["message"], r.text
+        elif regulations and path.endswith("/regulations"):  # the list: none filed
+            assert r.status_code == 200 and r.json() == {"data": []}, r.text
+        elif regulations:  # a regulation that does not exist
+            assert r.status_code == 404, r.text
+            assert r.json()["error"]["code"] == "not_found", r.text
+        elif ingest:
             assert r.status_code == 200 and r.json()["success"] is True, r.text
         elif "/profiles/" in path:  # a profile no message made: the answer of an unknown id
             assert r.status_code == 404, r.text
@@ -128,7 +143,7 @@ def test_route_by_credential(
         assert r.status_code == 403, r.text
         assert r.json()["success"] is False and r.json()["message"]
     else:
-        expected = 403 if credential in DENIED else 401
+        expected = 403 if credential in DENIED or credential in ALLOWED else 401
         assert r.status_code == expected, r.text
         assert r.json()["error"]["code"] == "authentication_error"
         assert r.json()["error"]["message"]

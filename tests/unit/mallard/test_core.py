@@ -85,6 +85,9 @@ def test_error_map(
     [
         ("/track/c/a/B/v1/track", "POST", "ingest"),
         ("/track/c/a/B/v1/events/", "GET", "read"),
+        ("/track/c/a/B/v1/regulations", "POST", "read"),
+        ("/track/c/a/B/v1/regulations/", "POST", "read"),
+        ("/track/c/a/B/v1/regulations/r-1/download", "GET", "read"),
         ("/cdp/events/std/t", "POST", "ingest"),
         ("/v1/batch", "POST", "ingest"),
         ("/cdp/marketing-preferences/x", "GET", "read"),
