@@ -131,7 +131,7 @@ def describe(reg: Regulation, hash_of: Callable[[str, str], str]) -> dict[str, A
             "type": "USER_ID",
             "id": plain.get(h),
             "idHash": h,
-            "outcome": outcome.get(h, outcome.get(plain.get(h, ""))),
+            "outcome": outcome.get(h),
         }
         for h in reg.subject_hashes
     ]

@@ -326,6 +326,8 @@ def test_a_regulation_reads_back_and_its_run_is_reaped(env: Env) -> None:
     doc = env.get(f"/{reg_id}").json()
     assert doc["status"] == "finished", doc
     assert ISO.match(doc["startedAt"]) and ISO.match(doc["finishedAt"]), doc
+    # Each subject's outcome, as the run recorded it by the userId's hash.
+    assert all(x["outcome"] for x in doc["subjects"]), doc
     assert env.server.proc is not None
     deadline = time.monotonic() + 10
     while zombies_of(env.server.proc.pid) and time.monotonic() < deadline:
