@@ -465,7 +465,9 @@ class RegulationStore:
             is not None
         )
 
-    def tombstones(self, account_id: str | None = None) -> builtins.list[tuple[str, str, str, float]]:
+    def tombstones(
+        self, account_id: str | None = None
+    ) -> builtins.list[tuple[str, str, str, float]]:
         """(account_id, kind, id_hash, deleted_at) of every tombstone (of one account)."""
         sql = "select account_id, kind, id_hash, deleted_at from tombstones"
         if account_id is None:

@@ -115,16 +115,28 @@ def _tombstones(conn: duckdb.DuckDBPyConnection, paths: DataPaths) -> dict[str, 
     return {"key": store.key}
 
 
+def _unloaded(conn: duckdb.DuckDBPyConnection, paths: DataPaths) -> list[str]:
+    loaded = {
+        r[0] for r in conn.execute("select landing_file from lake.raw.landing_files").fetchall()
+    }
+    return [f for f in landing_files(paths) if f not in loaded]
+
+
+def unloaded_files(paths: DataPaths) -> list[str]:
+    """The complete landing files not loaded yet (relative to the landing dir)."""
+    conn = lake_connection(paths)
+    try:
+        return _unloaded(conn, paths)
+    finally:
+        conn.close()
+
+
 def load_new_files(paths: DataPaths, *, fail_before_commit: bool = False) -> LoadResult:
     """Load every landing file not in the ledger. `fail_before_commit` is for crash tests."""
     with load_lock(paths):
         conn = lake_connection(paths)
         try:
-            loaded = {
-                r[0]
-                for r in conn.execute("select landing_file from lake.raw.landing_files").fetchall()
-            }
-            new = [f for f in landing_files(paths) if f not in loaded]
+            new = _unloaded(conn, paths)
             batch, pending = new[:MAX_FILES_PER_TRANSACTION], len(new) - MAX_FILES_PER_TRANSACTION
             if not batch:
                 return LoadResult(0, 0, 0)

@@ -35,6 +35,12 @@ def build_lock(paths: DataPaths) -> AbstractContextManager[None]:
     return _file_lock(paths, ".build.lock")
 
 
+def regulations_lock(paths: DataPaths) -> AbstractContextManager[None]:
+    """One regulation's job at a time: each runs passes and purges the lake, the landing files
+    and the catalog; a second one waits for the first to finish."""
+    return _file_lock(paths, ".regulations.lock")
+
+
 class WatcherRunning(RuntimeError):
     """Another `mallard pipeline run --watch` already runs the passes of this data dir."""
 

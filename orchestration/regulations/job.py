@@ -25,6 +25,7 @@ import dagster as dg
 
 from mallard.paths import DataPaths
 from mallard.regulations import NO_TRACK, SUPPRESS, Generation, Regulation, RegulationStore
+from orchestration.locks import regulations_lock
 from orchestration.regulations import purge, verify
 from orchestration.regulations.subjects import Subject
 from orchestration.regulations.subjects import resolve as resolve_subject
@@ -89,8 +90,25 @@ def _needs_models(reg: Regulation) -> bool:
     )
 
 
+def _models_current(paths: DataPaths) -> bool:
+    """Every landing file is loaded and the last finished pass took every loaded message."""
+    from orchestration.load import unloaded_files
+    from orchestration.window import current_window
+
+    window = current_window(paths)
+    if window.loaded_after is None:
+        return False
+    if window.loaded_through is not None and window.loaded_through > window.loaded_after:
+        return False
+    return not unloaded_files(paths)
+
+
 def _pass(paths: DataPaths, reg: Regulation, why: str) -> str:
+    """A pass (recorded as a run of the pipeline job), unless the models are current."""
     from orchestration.pipeline import run_pipeline
+
+    if _models_current(paths):
+        return "the models are current: no pass needed"
 
     steps = run_pipeline(paths.root, launched_by=f"regulation {reg.regulation_id} ({why})")
     failed = [s for s in steps if not s.ok]
@@ -416,7 +434,10 @@ def run_regulation(data_dir: Path, regulation_id: str) -> Regulation:
     store = RegulationStore(paths)
     if store.get(regulation_id) is None:
         raise KeyError(regulation_id)
-    with dg.DagsterInstance.from_config(str(paths.dagster_home)) as instance:
+    with (
+        regulations_lock(paths),
+        dg.DagsterInstance.from_config(str(paths.dagster_home)) as instance,
+    ):
         result = regulation.execute_in_process(
             run_config=run_config(regulation_id),
             instance=instance,

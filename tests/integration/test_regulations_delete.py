@@ -1,0 +1,348 @@
+"""A SUPPRESS_WITH_DELETE through HTTP on a real server, collector and pipeline, proven the way a
+privacy officer would have to: nothing of the subject anywhere in the data dir, no process
+holding a deleted file open, no profile answer, no time travel back, and a rebuild from the
+landing files equal to the incremental state (so the other customers, one of whom shared an
+anonymousId with the subject, equal a build that never saw the subject)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import httpx
+import pyarrow.parquet as pq
+import pytest
+
+from mallard.paths import DataPaths
+from orchestration.warehouse import lake_connection
+from tests.conftest import mallard, wait_landed
+from tests.integration.prefs_support import PrefsEnv, start_prefs_env
+
+pytestmark = pytest.mark.integration
+
+U = secrets.token_hex(4)
+SUBJECT = f"subj-{U}"
+NEIGHBOUR = f"nb-{U}"
+OTHER = f"other-{U}"
+EMAIL = f"subj-{U}@example.test"
+ANON = f"anon-subj-{U}"
+SHARED = f"anon-shared-{U}"
+USERS: dict[str, dict[str, Any]] = {
+    SUBJECT: {"email": EMAIL, "firstName": "Sub", "lastName": f"Ject{U}"},
+    NEIGHBOUR: {"email": f"nb-{U}@example.test"},
+    OTHER: {"email": f"other-{U}@example.test"},
+}
+
+
+def _wait_finished(env: PrefsEnv, reg_id: str, timeout: float = 300) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = env.server.get(f"regulations/{reg_id}")
+        assert r.status_code == 200, r.text
+        body: dict[str, Any] = r.json()
+        if body["status"] in ("finished", "failed"):
+            return body
+        time.sleep(0.5)
+    raise AssertionError(f"regulation {reg_id} not done after {timeout}s")
+
+
+def _file(env: PrefsEnv, kind: str, ids: list[str]) -> str:
+    r = env.server.post(
+        "regulations", {"regulationType": kind, "subject": {"type": "USER_ID", "ids": ids}}
+    )
+    assert r.status_code == 200, r.text
+    return str(r.json()["regulationId"])
+
+
+def _send(env: PrefsEnv, action: str, body: dict[str, Any]) -> str:
+    r = env.server.post(action, body)
+    assert r.status_code == 200, r.text
+    return str(r.json()["eventId"])
+
+
+def _snapshot(paths: DataPaths) -> int:
+    conn = lake_connection(paths)
+    try:
+        row = conn.execute("select id from ducklake_current_snapshot('lake')").fetchone()
+        return int(row[0]) if row else 0
+    finally:
+        conn.close()
+
+
+def _landing_event_ids(data: Path) -> set[str]:
+    out: set[str] = set()
+    for f in data.glob("landing/date=*/*.parquet"):
+        out |= set(pq.read_table(f, columns=["event_id"]).column("event_id").to_pylist())
+    return out
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefsEnv]:
+    yield from start_prefs_env(tmp_path_factory.mktemp("reg-delete"), USERS)
+
+
+@pytest.fixture(scope="module")
+def before(env: PrefsEnv) -> dict[str, Any]:
+    """The subject's and the others' activity, a pass, an Access zip; what was there before."""
+    t0 = "2026-01-01T00:00:0{}Z"
+    ids = [
+        # Anonymous, then identified with ANON and SHARED; SHARED later identified with the
+        # neighbour too (so it belongs to the subject by the first identification).
+        _send(
+            env,
+            "page",
+            {
+                "anonymousId": ANON,
+                "event": "page",
+                "timestamp": t0.format(1),
+                "properties": {"path": f"/p/{U}"},
+            },
+        ),
+        _send(
+            env,
+            "identify",
+            {
+                "userId": SUBJECT,
+                "anonymousId": ANON,
+                "event": "identify",
+                "timestamp": t0.format(2),
+                "traits": {"plan": f"pro-{U}"},
+            },
+        ),
+        _send(
+            env,
+            "identify",
+            {
+                "userId": SUBJECT,
+                "anonymousId": SHARED,
+                "event": "identify",
+                "timestamp": t0.format(3),
+                "traits": {"city": "Oslo"},
+            },
+        ),
+        _send(
+            env,
+            "track",
+            {
+                "userId": SUBJECT,
+                "event": "Order Completed",
+                "timestamp": t0.format(4),
+                "properties": {"total": 42},
+            },
+        ),
+        _send(
+            env,
+            "track",
+            {
+                "anonymousId": SHARED,
+                "event": "Viewed",
+                "timestamp": t0.format(5),
+                "properties": {"sku": f"sku-{U}"},
+            },
+        ),
+        _send(
+            env,
+            "identify",
+            {
+                "userId": NEIGHBOUR,
+                "anonymousId": SHARED,
+                "event": "identify",
+                "timestamp": t0.format(6),
+                "traits": {"plan": "free"},
+            },
+        ),
+        _send(
+            env,
+            "track",
+            {
+                "userId": NEIGHBOUR,
+                "anonymousId": SHARED,
+                "event": "Clicked",
+                "timestamp": t0.format(7),
+            },
+        ),
+        _send(env, "track", {"userId": OTHER, "event": "Clicked", "timestamp": t0.format(8)}),
+    ]
+    assert (
+        env.post(SUBJECT, {"channels": [{"channel": "sms", "subscribed": True}]}).status_code == 200
+    )
+    httpx.post(f"{env.server.url}/cdp/events/std/m", json={"series": [{"anon": ANON}]}, timeout=10)
+    wait_landed(env.server.data_dir, ids)
+    env.server.pipeline()
+    meta = env.server.get(f"profiles/userId:{SUBJECT}/meta").json()
+    access = _wait_finished(env, _file(env, "ACCESS", [SUBJECT]))
+    assert access["status"] == "finished", access
+    paths = DataPaths(env.server.data_dir)
+    landed = _landing_event_ids(env.server.data_dir)
+    conn = lake_connection(paths)
+    try:
+        subject_events = {
+            r[0]
+            for r in conn.execute(
+                "select event_id from lake.raw.messages where user_id = ? or anonymous_id = ?"
+                " and user_id is null",
+                [SUBJECT, ANON],
+            ).fetchall()
+        } | {
+            r[0]
+            for r in conn.execute(
+                "select event_id from lake.raw.messages where anonymous_id = ? and user_id is null",
+                [SHARED],
+            ).fetchall()
+        }
+        events_before = conn.execute(
+            "select count(*) from lake.marts.events where customer_id = ?", [meta["id"]]
+        ).fetchone()
+    finally:
+        conn.close()
+    return {
+        "customer_id": meta["id"],
+        "subscription_id": meta["_subscriptionId"],
+        "snapshot": _snapshot(paths),
+        "landed": landed,
+        "subject_events": subject_events,
+        "events": events_before[0] if events_before else 0,
+    }
+
+
+@pytest.fixture(scope="module")
+def deleted(env: PrefsEnv, before: dict[str, Any]) -> dict[str, Any]:
+    # A Delete of a user never suppressed is refused, naming the field.
+    r = env.server.post(
+        "regulations", {"regulationType": "DELETE", "subject": {"type": "USER_ID", "ids": [OTHER]}}
+    )
+    assert r.status_code == 400 and "subject.ids" in r.text, r.text
+    done = _wait_finished(env, _file(env, "SUPPRESS_WITH_DELETE", [SUBJECT]))
+    assert done["status"] == "finished", done
+    return done
+
+
+def _strings(before: dict[str, Any]) -> list[bytes]:
+    return [
+        s.encode() for s in (SUBJECT, ANON, EMAIL, before["subscription_id"], before["customer_id"])
+    ]
+
+
+def test_evidence_counts_what_was_deleted_and_finds_nothing_left(
+    deleted: dict[str, Any], before: dict[str, Any]
+) -> None:
+    evidence = deleted["evidence"]
+    assert evidence["rowsRemainingTotal"] == 0 and evidence["bytesFoundTotal"] == 0
+    assert evidence["rowsDeleted"]["marts.events"] == before["events"] > 0
+    assert evidence["rowsDeleted"]["raw.messages"] == len(before["subject_events"])
+    assert evidence["landingRowsRemoved"] == len(before["subject_events"])
+    assert evidence["snapshotsExpired"] > 0 and evidence["filesDeleted"] > 0
+    assert evidence["accessZipsRemoved"] == 1 and evidence["preferencesJournalRows"] >= 1
+
+
+def test_no_byte_of_the_subject_is_left_in_the_data_dir(
+    env: PrefsEnv, deleted: dict[str, Any], before: dict[str, Any]
+) -> None:
+    wanted = _strings(before)
+    hits: list[str] = []
+    for path in env.server.data_dir.rglob("*"):
+        if not path.is_file() or "duckdb_extensions" in path.parts:
+            continue
+        data = path.read_bytes()
+        hits += [f"{path}: {s.decode()}" for s in wanted if s in data]
+        if path.suffix == ".parquet":  # values, decompressed
+            text = str(pq.read_table(path).to_pylist()).encode()
+            hits += [f"{path} (values): {s.decode()}" for s in wanted if s in text]
+    assert hits == []
+
+
+def test_no_process_holds_a_deleted_file_open(env: PrefsEnv, deleted: dict[str, Any]) -> None:
+    root = str(env.server.data_dir.resolve())
+    held = []
+    for fd in Path("/proc").glob("[0-9]*/fd/*"):
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if (
+            target.startswith(root)
+            and target.endswith("(deleted)")
+            and ("/lake/" in target or "/landing/" in target)
+        ):
+            held.append(f"{fd}: {target}")
+    assert held == []
+
+
+def test_profiles_answer_404(
+    env: PrefsEnv, deleted: dict[str, Any], before: dict[str, Any]
+) -> None:
+    for key in (f"userId:{SUBJECT}", f"email:{EMAIL}", f"id:{before['customer_id']}"):
+        for endpoint in ("traits", "meta"):
+            assert env.server.get(f"profiles/{key}/{endpoint}").status_code == 404, key
+        events = env.server.get(f"profiles/{key}/events")
+        assert events.status_code == 404, (key, events.text)
+    assert env.server.get(f"profiles/userId:{OTHER}/traits").status_code == 200
+
+
+def test_the_neighbour_now_owns_the_shared_anonymous_id(
+    env: PrefsEnv, deleted: dict[str, Any]
+) -> None:
+    r = env.server.get(f"profiles/userId:{NEIGHBOUR}/external_ids")
+    assert r.status_code == 200, r.text
+    assert SHARED in r.text
+
+
+def test_time_travel_cannot_read_the_subject(
+    env: PrefsEnv, deleted: dict[str, Any], before: dict[str, Any]
+) -> None:
+    conn = lake_connection(DataPaths(env.server.data_dir))
+    try:
+        try:
+            rows = conn.execute(
+                f"select count(*) from lake.raw.messages at (version => {before['snapshot']})"
+                " where user_id = ?",
+                [SUBJECT],
+            ).fetchone()
+        except duckdb.Error as e:
+            assert "snapshot" in str(e).lower(), e
+        else:
+            assert rows == (0,)
+    finally:
+        conn.close()
+
+
+def test_a_rebuild_from_landing_equals_the_incremental_state(
+    env: PrefsEnv, deleted: dict[str, Any], before: dict[str, Any], tmp_path: Path
+) -> None:
+    data = env.server.data_dir
+    # The landing files are the originals minus exactly the subject's messages: a build of
+    # them is a build that never saw the subject.
+    assert _landing_event_ids(data) == before["landed"] - before["subject_events"]
+    rebuilt = tmp_path / "rebuilt"
+    rebuilt.mkdir()
+    shutil.copy(data / "secret.key", rebuilt / "secret.key")
+    shutil.copytree(data / "landing", rebuilt / "landing")
+    out = mallard("pipeline", "run", data_dir=rebuilt)
+    assert out.returncode == 0, out.stdout + out.stderr
+    queries = {
+        "events": "select event_id, customer_id, event_action, record from lake.marts.events",
+        "customers": "select customer_id, user_id, traits, subscription_id, email_lower"
+        " from lake.marts.customers",
+        "identifiers": "select customer_id, id_type, id_value, first_seen, last_seen"
+        " from lake.marts.customer_identifiers",
+        "identity": "select account_id, anonymous_id, user_id"
+        " from lake.intermediate.int_identity_map",
+        "preferences": "select customer_id, marketing_preferences"
+        " from lake.marts.customer_preferences",
+    }
+    for name, sql in queries.items():
+        assert _rows(DataPaths(data), sql) == _rows(DataPaths(rebuilt), sql), name
+
+
+def _rows(paths: DataPaths, sql: str) -> list[tuple[Any, ...]]:
+    conn = lake_connection(paths)
+    try:
+        return sorted(conn.execute(sql).fetchall(), key=repr)
+    finally:
+        conn.close()
