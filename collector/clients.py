@@ -7,7 +7,8 @@
 The writeKey comes from the body or as the HTTP Basic user (what the SDKs and the tag send).
 Bodies are JSON whatever their content type (the tag sends text/plain) and may be gzip
 (RudderStack's SDK). Validation and stamping are the ones of the server routes
-(collector.messages); only the envelope differs.
+(collector.messages), and so is the admission of regulated subjects' calls (collector.admission);
+only the envelope differs.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 import msgspec
 from litestar import MediaType, Request, Response, post
 
+from collector.admission import admitted, answer_ids
 from collector.messages import CALL_KINDS, Tenant, iso, stamp, validate
 from collector.routes import decode_object, parse_batch
 from collector.schemas import (
@@ -125,18 +127,6 @@ def tenant_for(request: Request[Any, Any, Any], body_key: Any) -> Tenant:
     return Tenant(source.client_id, source.account_id, source.brand_id)
 
 
-def admit_regulated(
-    tenant: Tenant, channel: str, items: list[tuple[str, dict[str, Any]]]
-) -> list[tuple[str, dict[str, Any]]]:
-    """Hook for regulations at the collector: the items allowed in.
-
-    The regulations work fills this in: drop every call of a suppressed userId, and for NoTrack
-    drop track calls and, on the tag channel (`browser`), identify calls too (identify via the
-    API still works, identify via the tag does not). Until then, all pass.
-    """
-    return items
-
-
 async def _accept(
     request: Request[Any, Any, Any],
     tenant: Tenant,
@@ -144,17 +134,19 @@ async def _accept(
     *,
     channel: str,
     source: str,
-) -> list[str]:
+) -> list[str | None]:
+    """The eventIds of the answer, one per item: null where a regulation dropped the item."""
+    collector: Collector = request.app.state.collector
+    keep = await collector.admission.admit(tenant, channel, items)
     received = datetime.now(UTC)
     ip = request.client.host if request.client else None
     stored = [
         stamp(kind, item, tenant, channel=channel, source=source, received=received, request_ip=ip)
-        for kind, item in admit_regulated(tenant, channel, items)
+        for kind, item in admitted(items, keep)
     ]
     if stored:
-        collector: Collector = request.app.state.collector
         await collector.accept(stored)
-    return [s["eventId"] for s in stored]
+    return answer_ids(keep, [s["eventId"] for s in stored])
 
 
 def _single(body: bytes, path_kind: str | None, limits: Limits) -> tuple[str, dict[str, Any]]:
@@ -352,7 +344,10 @@ async def tag_metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
             payload = decode_object(body)
     except (InvalidRequest, PayloadTooLarge, RateLimited):
         payload = None
-    if payload is not None:
+    # A payload carrying an identifier of a regulated subject is dropped, and so is every
+    # payload while the lists cannot be read.
+    collector: Collector = request.app.state.collector
+    if payload is not None and await collector.admission.admits_metrics(payload):
         _metrics_log.append(request, payload)
     return _ok({"success": True})
 

@@ -14,6 +14,7 @@ from litestar import Controller, MediaType, Request, Response, post
 from litestar.di import Provide
 from litestar.params import Parameter
 
+from collector.admission import admitted, answer_ids
 from collector.messages import Tenant, batch_item_kind, stamp, validate
 from collector.schemas import (
     OK_EXAMPLE,
@@ -156,6 +157,7 @@ class Ingest(Controller):
             msg = decode_object(body)
             validate(action, msg)
             items = [(action, msg)]
+        keep = await collector.admission.admit(tenant, "server", items)
         stored = [
             stamp(
                 kind,
@@ -166,13 +168,14 @@ class Ingest(Controller):
                 received=received,
                 request_ip=ip,
             )
-            for kind, item in items
+            for kind, item in admitted(items, keep)
         ]
-        await collector.accept(stored)
+        if stored:
+            await collector.accept(stored)
+        ids = answer_ids(keep, [s["eventId"] for s in stored])
         if action == "batch":
-            ids = [s["eventId"] for s in stored]
             return _ok({"success": True, "eventId": ids[0], "eventIds": ids})
-        return _ok({"success": True, "eventId": stored[0]["eventId"]})
+        return _ok({"success": True, "eventId": ids[0]})
 
 
 ROUTES = [Ingest]

@@ -119,7 +119,10 @@ class IngestOk(msgspec.Struct, kw_only=True):
         Meta(description="The call's id (a batch's first); null if a regulation dropped it."),
     ]
     eventIds: Annotated[  # noqa: N815
-        list[str] | None, Meta(description="A batch only: every accepted call's id, in order.")
+        list[str | None] | None,
+        Meta(
+            description="A batch only: every call's id, in order; null if a regulation dropped it."
+        ),
     ] = None
 
 
@@ -182,7 +185,8 @@ _BAD = (
 _BIG = ("A body over 1 MB, or one call over 32 KB", "a call is limited to 32768 bytes")
 _BUSY = ("Too many requests; retry after Retry-After seconds", "rate limit exceeded")
 _DOWN = (
-    "The write-ahead log cannot be written; nothing was accepted, retry",
+    "The write-ahead log cannot be written, or the regulation lists cannot be read; nothing was"
+    " accepted, retry",
     "the collector cannot write its log; retry later",
 )
 _BROKEN = ("An internal failure", "internal server error")

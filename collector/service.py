@@ -1,16 +1,25 @@
-"""The collector: recovers, owns the write-ahead log and the roller, and accepts messages."""
+"""The collector: recovers, owns the write-ahead log, the roller and the admission of regulated
+subjects' calls, and accepts messages."""
 
 from __future__ import annotations
 
+import logging
+
 import msgspec
 
+from collector.admission import Admission
 from collector.roller import Roller, recover
 from collector.wal import WalUnavailable, WriteAheadLog
 from mallard.errors import Unavailable
 from mallard.paths import DataPaths
+from mallard.regulations import AdmissionLists
 from mallard.settings import Settings
 
 _encode = msgspec.json.Encoder().encode
+log = logging.getLogger(__name__)
+# How long a load of the regulation lists retries before the calls waiting for it get 503: long
+# enough for a busy file, short enough that a sender is answered soon while they are unreadable.
+LISTS_RETRY_S = 1.0
 
 
 class Collector:
@@ -27,8 +36,15 @@ class Collector:
             fsync=settings.fsync,
             on_seal=self.roller.submit,
         )
+        self.admission = Admission(AdmissionLists(paths, retry_s=LISTS_RETRY_S))
 
     async def start(self) -> None:
+        # The lists load before any call is admitted. If they cannot be read the server still
+        # starts, and every call answers 503 until they can (fail closed).
+        try:
+            await self.admission.current()
+        except Unavailable:
+            log.error("the regulation lists cannot be read: ingestion answers 503 until they can")
         next_seq = recover(self.wal_dir, self.paths, self.collector_id)
         self.roller.start()
         self.wal.start(next_seq)
