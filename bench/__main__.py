@@ -21,9 +21,10 @@ from pathlib import Path
 
 from bench.stats import RESULTS
 
-SCENARIOS = ("ingest", "pipeline", "read_api", "freshness")
+SCENARIOS = ("ingest", "pipeline", "read_api", "freshness", "regulations")
 # Scenarios over the benchmark lake (bench/lake.py): they take its size; pipeline builds it.
-LAKE_SCENARIOS = ("pipeline", "read_api", "freshness")
+# regulations works on a copy of it (its Delete rewrites files).
+LAKE_SCENARIOS = ("pipeline", "read_api", "freshness", "regulations")
 
 
 def machine() -> str:
