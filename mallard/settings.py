@@ -55,6 +55,9 @@ class Settings:
     # A table is compacted after a pass once it has this many files that compaction would
     # rewrite or merge (orchestration/maintenance.py); 0 leaves compaction to the nightly job.
     compact_at_files: int = 8
+    # Fault injection for the fault tests: a regulation's run kills itself (SIGKILL) once the
+    # step of this name has done its work, before Dagster records it ("" for none).
+    fault_kill_at: str = ""
 
     def with_data_dir(self, data_dir: str | Path) -> Settings:
         return replace(self, data_dir=Path(data_dir).resolve())
@@ -83,4 +86,5 @@ def get_settings() -> Settings:
         pages_process=_env("PAGES_PROCESS", "1") not in ("0", "false", "no"),
         dbt_in_process=_env("DBT_IN_PROCESS", "1") not in ("0", "false", "no"),
         compact_at_files=int(_env("COMPACT_AT_FILES", "8")),
+        fault_kill_at=_env("FAULT_KILL_AT", ""),
     )

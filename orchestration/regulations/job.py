@@ -16,6 +16,8 @@ No op logs or returns an identifier: Dagster's event log is a file of the data d
 """
 # No `from __future__ import annotations`: Dagster reads the context type hints at runtime.
 
+import os
+import signal
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -25,6 +27,7 @@ import dagster as dg
 
 from mallard.paths import DataPaths
 from mallard.regulations import NO_TRACK, SUPPRESS, Generation, Regulation, RegulationStore
+from mallard.settings import get_settings
 from orchestration.locks import regulations_lock
 from orchestration.regulations import purge, verify
 from orchestration.regulations.subjects import Subject
@@ -80,6 +83,13 @@ def _record(store: RegulationStore, reg_id: str, **evidence: Any) -> dict[str, A
 _LATEST = {"rowsRemainingTotal", "bytesFoundTotal", "sharedIdentifiersKept"}
 
 
+def _done(step: str) -> None:
+    """Where a step's work is done: with MALLARD_FAULT_KILL_AT naming the step, the process
+    kills itself here, as a crash or an operator's kill would leave it."""
+    if get_settings().fault_kill_at == step:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _needs_models(reg: Regulation) -> bool:
     return reg.regulation_type in (
         "SUPPRESS_WITH_DELETE",
@@ -128,6 +138,7 @@ def catch_up(context: dg.OpExecutionContext, config: RegulationRun, lake: LakeRe
         return
     waited = purge.wait_for_logs(lake.paths, reg.created_at)
     context.log.info(f"{waited} log segments landed; {_pass(lake.paths, reg, 'catch up')}")
+    _done("catch_up")
 
 
 @dg.op(
@@ -167,6 +178,7 @@ def resolve(context: dg.OpExecutionContext, config: RegulationRun, lake: LakeRes
             conn.close()
         for user_id, anon in tied.items():
             added += store.tie(reg.account_id, user_id, anon, reg.regulation_id)
+    _done("resolve")
     context.log.info(
         f"{len(subject.customer_ids)} customers, {len(subject.anonymous_ids)} anonymousIds, "
         f"{len(subject.message_ids)} messages; {added} list entries added"
@@ -229,6 +241,7 @@ def purge_rows(context: dg.OpExecutionContext, config: RegulationRun, lake: Lake
         conn.close()
     result = purge.purge_lake(lake.paths, subject, others)
     _record(store, reg.regulation_id, tombstones=buried, **result.to_json())
+    _done("purge_rows")
     context.log.info(
         f"{sum(result.rows_deleted.values())} rows deleted from {len(result.rows_deleted)} "
         f"tables; {result.restated_customers} customers sharing an anonymousId restated"
@@ -245,6 +258,7 @@ def rebuild(
     if reg is None or not restated:
         return
     context.log.info(_pass(lake.paths, reg, "rebuild restated customers"))
+    _done("rebuild")
 
 
 @dg.op(
@@ -260,6 +274,7 @@ def purge_landing(
         return
     files, rows = purge.purge_landing(lake.paths, _subject(reg))
     _record(store, reg.regulation_id, landingFilesRewritten=files, landingRowsRemoved=rows)
+    _done("purge_landing")
     context.log.info(f"{files} landing files rewritten, {rows} rows removed")
 
 
@@ -276,6 +291,7 @@ def purge_files(context: dg.OpExecutionContext, config: RegulationRun, lake: Lak
         return
     result = purge.purge_lake_files(lake.paths, _subject(reg))
     _record(store, reg.regulation_id, **result.to_json())
+    _done("purge_files")
     context.log.info(str(result.to_json()))
 
 
@@ -302,6 +318,7 @@ def purge_side_stores(
         metricsLines=metrics,
         accessZipsRemoved=zips,
     )
+    _done("purge_side_stores")
     context.log.info(f"journal {journal} rows, metrics {metrics} lines, {zips} Access zips")
 
 
@@ -362,6 +379,7 @@ def verify_and_finish(
     # regulation shows finished.
     Generation(paths.purge_generation).bump()
     store.forget(reg.account_id, subject.user_ids)
+    _done("forget")
     store.finish(reg.regulation_id, outcome=_outcome(reg), evidence=evidence)
     store.compact()
     left = verify.bytes_found(paths, strings)

@@ -1,12 +1,20 @@
 """The proof after a Delete: the subject's identifiers are searched for in every text column of
-every table of the lake, in every landing file's values, and in the bytes of every other file
-of the data dir. What is found is the evidence's `rowsRemaining` and `bytesFound` (0 when the
-Delete holds)."""
+every table of the lake, in every landing file's values, in every value of the other SQLite
+files, and in the bytes of every other file of the data dir. What is found is the evidence's
+`rowsRemaining` and `bytesFound` (0 when the Delete holds).
+
+An identifier is found as a whole value: a text value equal to it, or a JSON string of it (in
+quotes) inside a text, JSON or nested value, or, in other files' bytes, not next to a letter or
+digit. So the Delete of userId `12` is not failed by userId `123` (substrings would be).
+"""
 
 from __future__ import annotations
 
+import json
 import mmap
 import re
+import subprocess
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -32,22 +40,34 @@ def _texty(dtype: str) -> bool:
     return dtype in _TEXT_TYPES or "STRUCT" in dtype or dtype.endswith("[]") or "MAP" in dtype
 
 
+def json_token_pattern(strings: Iterable[str]) -> str:
+    """An RE2 pattern matching any of the strings as a JSON string (quoted, escaped)."""
+    return re2_pattern(json.dumps(s) for s in strings)
+
+
+def _found_sql(column: str, dtype: str) -> str:
+    """A condition: the column's value is one of $s, or holds one as a JSON string ($q)."""
+    col = '"' + column.replace('"', '""') + '"'
+    if dtype == "VARCHAR":
+        return f"({col} in (select unnest($s)) or regexp_matches({col}, $q))"
+    if dtype == "JSON":
+        return f"regexp_matches(cast({col} as varchar), $q)"
+    return f"regexp_matches(cast(to_json({col}) as varchar), $q)"
+
+
 def rows_remaining(conn: duckdb.DuckDBPyConnection, strings: list[str]) -> dict[str, int]:
     """Per lake table (every base table, every text, JSON or nested column), the rows naming
     any of the strings; only tables with such rows."""
     if not strings:
         return {}
-    pattern = re2_pattern(strings)
+    params = {"s": strings, "q": json_token_pattern(strings)}
     found: dict[str, int] = {}
     for (schema, table), columns in lake_tables(conn).items():
-        text = [c for c, t in columns.items() if _texty(t)]
+        text = [_found_sql(c, t) for c, t in columns.items() if _texty(t)]
         if not text:
             continue
-        cond = " or ".join(
-            f"""regexp_matches(cast("{c.replace('"', '""')}" as varchar), $p)""" for c in text
-        )
         row = conn.execute(
-            f'select count(*) from lake."{schema}"."{table}" where {cond}', {"p": pattern}
+            f'select count(*) from lake."{schema}"."{table}" where {" or ".join(text)}', params
         ).fetchone()
         if row and row[0]:
             found[f"{schema}.{table}"] = int(row[0])
@@ -67,11 +87,11 @@ def landing_rows_remaining(paths: DataPaths, strings: list[str]) -> dict[str, in
                 "select name from parquet_schema($f) where type = 'BYTE_ARRAY'", {"f": files[0]}
             ).fetchall()
         ]
-        cond = " or ".join(f'regexp_matches("{c}", $p)' for c in cols) or "false"
+        cond = " or ".join(_found_sql(c, "VARCHAR") for c in cols) or "false"
         rows = conn.execute(
             f"select filename, count(*) from read_parquet($files, filename = true,"
             f" union_by_name = true) where {cond} group by filename",
-            {"files": files, "p": re2_pattern(strings)},
+            {"files": files, "s": strings, "q": json_token_pattern(strings)},
         ).fetchall()
     finally:
         conn.close()
@@ -84,9 +104,10 @@ def bytes_found(paths: DataPaths, strings: list[str], skip: Iterable[Path] = ())
     extensions are binaries of the install), how many times the strings occur in its bytes."""
     if not strings:
         return {}
-    pattern = re.compile(
-        b"|".join(re.escape(s.encode()) for s in sorted(set(strings), key=len, reverse=True))
+    alternatives = b"|".join(
+        re.escape(s.encode()) for s in sorted(set(strings), key=len, reverse=True)
     )
+    pattern = re.compile(b"(?<![A-Za-z0-9])(?:" + alternatives + b")(?![A-Za-z0-9])")
     skipped = {p.resolve() for p in skip}
     found: dict[str, int] = {}
     for path in sorted(paths.root.rglob("*")):
@@ -98,10 +119,55 @@ def bytes_found(paths: DataPaths, strings: list[str], skip: Iterable[Path] = ())
             or path.resolve() in skipped
         ):
             continue
-        n = _count_in_file(path, pattern)
+        # A SQLite file's values are read (adjacent values run together in its pages), and its
+        # bytes searched too (free pages).
+        n = (_sqlite_values(path, strings) or 0) if _is_sqlite(path) else 0
+        n += _count_in_file(path, pattern)
         if n:
             found[str(path.relative_to(paths.root))] = n
     return found
+
+
+def _is_sqlite(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(16) == b"SQLite format 3\x00"
+    except OSError:
+        return False
+
+
+_SQLITE_SCAN = """
+import json, re, sqlite3, sys
+strings = set(json.loads(sys.stdin.read()))
+tokens = re.compile("|".join(re.escape(json.dumps(s)) for s in strings))
+conn = sqlite3.connect(f"file:{sys.argv[1]}?mode=ro", uri=True, timeout=60)
+found = 0
+tables = [r[0] for r in conn.execute("select name from sqlite_master where type = 'table'")]
+for t in tables:
+    for row in conn.execute(f'select * from "{t}"'):
+        for v in row:
+            if isinstance(v, bytes):
+                v = v.decode("utf-8", "replace")
+            if isinstance(v, str) and (v in strings or tokens.search(v)):
+                found += 1
+print(found)
+"""
+
+
+def _sqlite_values(path: Path, strings: list[str]) -> int | None:
+    """How many values of a SQLite file's tables are, or hold as JSON strings, the strings;
+    None when it cannot be read as a database. In a process of its own: see
+    purge.compact_catalog."""
+    out = subprocess.run(
+        [sys.executable, "-c", _SQLITE_SCAN, str(path)],
+        input=json.dumps(strings),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if out.returncode:
+        return None
+    return int(out.stdout.strip() or 0)
 
 
 def _count_in_file(path: Path, pattern: re.Pattern[bytes]) -> int:

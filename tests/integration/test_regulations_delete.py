@@ -208,6 +208,7 @@ def before(env: PrefsEnv) -> dict[str, Any]:
         "landed": landed,
         "subject_events": subject_events,
         "events": events_before[0] if events_before else 0,
+        "access": access,
     }
 
 
@@ -239,6 +240,8 @@ def test_evidence_counts_what_was_deleted_and_finds_nothing_left(
     assert evidence["landingRowsRemoved"] == len(before["subject_events"])
     assert evidence["snapshotsExpired"] > 0 and evidence["filesDeleted"] > 0
     assert evidence["accessZipsRemoved"] == 1 and evidence["preferencesJournalRows"] >= 1
+    # The Access zip filed before held exactly the rows the Delete removed, table by table.
+    assert before["access"]["evidence"]["rowsExported"] == evidence["rowsDeleted"]
 
 
 def test_no_byte_of_the_subject_is_left_in_the_data_dir(
