@@ -1,0 +1,216 @@
+"""The seven regulation types through HTTP on one real server, its collector and the pipeline:
+Suppress filed while several threads send (nothing of the subject stored after the answer),
+Unsuppress, NoTrack and Track, Delete after a Suppress, Access with its download, and the
+status of each run to finished."""
+
+from __future__ import annotations
+
+import io
+import json
+import secrets
+import threading
+import time
+import zipfile
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pyarrow.parquet as pq
+import pytest
+
+from mallard.paths import DataPaths
+from orchestration.warehouse import lake_connection
+from tests.conftest import Server, free_port, init_data_dir, wait_landed
+
+pytestmark = pytest.mark.integration
+
+U = secrets.token_hex(4)
+S, ANON_S = f"sup-{U}", f"anon-sup-{U}"
+N, ACC = f"nt-{U}", f"acc-{U}"
+# The racing senders go faster than a token's default rate limit.
+UNLIMITED = {"MALLARD_RATE_PER_SECOND": "100000", "MALLARD_RATE_BURST": "100000"}
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    data = tmp_path_factory.mktemp("reg-types") / "data"
+    server = Server(
+        data, free_port(), init_data_dir(data), env={"MALLARD_ROLL_INTERVAL_S": "0.2", **UNLIMITED}
+    )
+    server.start()
+    try:
+        ids = [
+            _id(
+                server.post(
+                    "identify",
+                    {
+                        "userId": S,
+                        "anonymousId": ANON_S,
+                        "event": "identify",
+                        "traits": {"plan": "pro"},
+                    },
+                )
+            ),
+            _id(server.post("identify", {"userId": N, "event": "identify", "traits": {}})),
+            _id(
+                server.post(
+                    "identify",
+                    {
+                        "userId": ACC,
+                        "event": "identify",
+                        "traits": {"email": f"{ACC}@example.test"},
+                    },
+                )
+            ),
+            _id(server.post("track", {"userId": ACC, "event": "Bought"})),
+        ]
+        wait_landed(data, [i for i in ids if i])
+        server.pipeline()  # the models tie ANON_S to S before anything is filed
+        yield server
+    finally:
+        server.stop()
+
+
+def _id(r: httpx.Response) -> str | None:
+    assert r.status_code == 200, r.text
+    value = r.json()["eventId"]
+    return str(value) if value is not None else None
+
+
+def _file(srv: Server, kind: str, user: str) -> str:
+    r = srv.post(
+        "regulations", {"regulationType": kind, "subject": {"type": "USER_ID", "ids": [user]}}
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] in ("pending", "running", "finished")
+    return str(r.json()["regulationId"])
+
+
+def _finished(srv: Server, reg_id: str, timeout: float = 240) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        body: dict[str, Any] = srv.get(f"regulations/{reg_id}").json()
+        if body["status"] in ("finished", "failed"):
+            assert body["status"] == "finished", body
+            return body
+        time.sleep(0.3)
+    raise AssertionError(f"{reg_id} not finished in {timeout}s")
+
+
+def _landed_rows(srv: Server, **match: str) -> int:
+    n = 0
+    for f in srv.data_dir.glob("landing/date=*/*.parquet"):
+        for row in pq.read_table(f, columns=["user_id", "anonymous_id"]).to_pylist():
+            n += any(row[k] == v for k, v in match.items())
+    return n
+
+
+def test_suppress_filed_while_threads_send_stores_nothing_after_its_answer(srv: Server) -> None:
+    answered = threading.Event()
+    stop = threading.Event()
+    calls: list[tuple[bool, bool, str | None]] = []  # (subject, sent after the answer, eventId)
+    lock = threading.Lock()
+
+    def sender(n: int) -> None:
+        with httpx.Client(timeout=30) as client:
+            i = 0
+            while not stop.is_set():
+                i += 1
+                subject = i % 3 != 0
+                body = (
+                    ({"userId": S} if i % 2 else {"anonymousId": ANON_S})
+                    if subject
+                    else {"userId": ACC}
+                )
+                after = answered.is_set()
+                r = client.post(
+                    f"{srv.base}/track", json={**body, "event": f"Tick {n}"}, headers=srv.headers
+                )
+                with lock:
+                    calls.append((subject, after, _id(r)))
+
+    threads = [threading.Thread(target=sender, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    reg_id = _file(srv, "SUPPRESS", S)
+    answered.set()
+    time.sleep(1.0)
+    stop.set()
+    for t in threads:
+        t.join()
+    after = [c for c in calls if c[1]]
+    assert [c for c in after if c[0] and c[2] is not None] == []  # dropped, answered 200
+    assert all(c[2] for c in after if not c[0]) and any(not c[0] for c in after)
+    stored = [c[2] for c in calls if c[2]]
+    wait_landed(srv.data_dir, [i for i in stored if i])
+    subject_stored = [c for c in calls if c[0] and c[2]]
+    assert subject_stored, "the subject's calls before the answer are stored"
+    assert _landed_rows(srv, user_id=S, anonymous_id=ANON_S) == len(subject_stored) + 1
+    _finished(srv, reg_id)
+
+
+def test_unsuppress_lets_the_subject_in_again(srv: Server) -> None:
+    _finished(srv, _file(srv, "UNSUPPRESS", S))
+    event_id = _id(srv.post("track", {"userId": S, "event": "Back"}))
+    assert event_id is not None
+    wait_landed(srv.data_dir, [event_id])
+
+
+def test_no_track_drops_tracking_but_not_api_identify_or_commands_and_track_undoes_it(
+    srv: Server,
+) -> None:
+    _finished(srv, _file(srv, "NO_TRACK", N))
+    assert _id(srv.post("track", {"userId": N, "event": "Viewed"})) is None
+    assert _id(srv.post("page", {"userId": N, "event": "page"})) is None
+    assert _id(srv.post("identify", {"userId": N, "event": "identify", "traits": {}})) is not None
+    assert _id(srv.post("track", {"userId": N, "event": "send_email", "assetId": "a"})) is not None
+    tag = httpx.post(
+        f"{srv.url}/cdp/events/std/i",
+        content=json.dumps(
+            {
+                "type": "identify",
+                "userId": N,
+                "anonymousId": f"a-{U}",
+                "writeKey": srv.creds["writeKey"],
+            }
+        ),
+        headers={"content-type": "text/plain"},
+        timeout=30,
+    )
+    assert _id(tag) is None
+    _finished(srv, _file(srv, "TRACK", N))
+    assert _id(srv.post("track", {"userId": N, "event": "Viewed"})) is not None
+
+
+def test_delete_after_suppress_removes_the_subject(srv: Server) -> None:
+    _finished(srv, _file(srv, "SUPPRESS", S))
+    done = _finished(srv, _file(srv, "DELETE", S))
+    assert done["evidence"]["rowsRemainingTotal"] == 0 == done["evidence"]["bytesFoundTotal"]
+    assert done["evidence"]["rowsDeleted"]["raw.messages"] > 0
+    assert srv.get(f"profiles/userId:{S}/traits").status_code == 404
+    assert _landed_rows(srv, user_id=S, anonymous_id=ANON_S) == 0
+    assert srv.get(f"profiles/userId:{ACC}/traits").status_code == 200
+
+
+def test_access_zip_downloads_with_the_subjects_events(srv: Server) -> None:
+    done = _finished(srv, _file(srv, "ACCESS", ACC))
+    r = srv.get(f"regulations/{done['regulationId']}/download")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("application/zip")
+    with zipfile.ZipFile(io.BytesIO(r.content)) as z:
+        names = set(z.namelist())
+        manifest = json.loads(z.read("manifest.json"))
+        events = [json.loads(line) for line in z.read("events.jsonl").splitlines()]
+    assert {"profile.json", "events.jsonl", "messages.jsonl", "README.md"} <= names
+    customer = srv.get(f"profiles/userId:{ACC}/meta").json()["id"]
+    conn = lake_connection(DataPaths(srv.data_dir))
+    try:
+        stored = conn.execute(
+            "select event_id from lake.marts.events where customer_id = ?", [customer]
+        ).fetchall()
+    finally:
+        conn.close()
+    assert sorted(e["eventId"] for e in events) == sorted(r[0] for r in stored)
+    assert manifest["rows_by_table"]["marts.events"] == len(stored) > 1
+    first_page = srv.get(f"profiles/userId:{ACC}/events").json()["data"]
+    assert {e["eventId"] for e in first_page} <= {e["eventId"] for e in events}
