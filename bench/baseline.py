@@ -58,8 +58,8 @@ _FINGERPRINT = {
 
 
 def script(paths: DataPaths) -> str:
-    from orchestration.environment import hmac_pads
     from mallard.secret import ensure_secret
+    from orchestration.environment import hmac_pads
 
     ipad, opad = hmac_pads(ensure_secret(paths))
     root = str(paths.landing_dir) + "/"
