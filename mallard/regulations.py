@@ -598,6 +598,10 @@ class AdmissionLists:
 
     def _open(self) -> RegulationStore:
         if self._store is None:
+            # A counter that moved means lists were written: their store gone is a lost store,
+            # not an empty one.
+            if not self.paths.regulations_db.exists() and self._generation.read() > 1:
+                raise ListsUnavailable("the regulations store is missing")
             self._store = RegulationStore(self.paths)
         return self._store
 
@@ -617,7 +621,7 @@ class AdmissionLists:
                     gen = self._generation.read()
                     by_account = self._open().lists()
                     break
-                except (sqlite3.Error, OSError) as e:
+                except (sqlite3.Error, OSError, ListsUnavailable) as e:
                     # A connection that read a broken file keeps failing after the file is
                     # restored: the next attempt opens the store anew.
                     store, self._store = self._store, None

@@ -1,0 +1,98 @@
+"""The regulations store: filing rules, the collectors' lists, forgetting a deleted user, and the
+keyed hash the loader computes in SQL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from mallard.paths import DataPaths
+from mallard.regulations import (
+    AdmissionLists,
+    ListsUnavailable,
+    RegulationError,
+    RegulationStore,
+    identifier_hash,
+    validate,
+)
+
+
+@pytest.fixture
+def paths(tmp_path: Path) -> DataPaths:
+    return DataPaths(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ([], "body"),
+        ({"regulationType": "ERASE", "subject": {}}, "regulationType"),
+        ({"regulationType": "DELETE"}, "subject"),
+        ({"regulationType": "DELETE", "subject": {"type": "EMAIL", "ids": ["a"]}}, "subject.type"),
+        ({"regulationType": "DELETE", "subject": {"type": "USER_ID", "ids": []}}, "subject.ids"),
+        (
+            {"regulationType": "DELETE", "subject": {"type": "USER_ID", "ids": ["a", 3]}},
+            "subject.ids[1]",
+        ),
+        (
+            {"regulationType": "DELETE", "subject": {"type": "USER_ID", "ids": ["a"] * 5001}},
+            "subject.ids",
+        ),
+    ],
+)
+def test_a_bad_body_names_its_field(body: object, field: str) -> None:
+    with pytest.raises(RegulationError) as e:
+        validate(body)
+    assert e.value.field == field
+
+
+def test_delete_needs_an_active_suppression_and_unsuppress_ends_it(paths: DataPaths) -> None:
+    store = RegulationStore(paths)
+    with pytest.raises(RegulationError, match="not suppressed: u1"):
+        store.file("c", "a", "A", "DELETE", ["u1"])
+    store.file("c", "a", "A", "SUPPRESS", ["u1"], {"u1": ["anon1"]})
+    store.file("c", "a", "A", "DELETE", ["u1"])
+    lists = store.lists()["a"]["suppress"]
+    assert {store.hash("a", "u1"), store.hash("a", "anon1")} == lists
+    store.file("c", "a", "A", "UNSUPPRESS", ["u1"])
+    assert store.lists() == {}
+    with pytest.raises(RegulationError):
+        store.file("c", "a", "A", "DELETE", ["u1"])
+
+
+def test_collectors_see_a_filing_when_it_returns(paths: DataPaths) -> None:
+    lists = AdmissionLists(paths)
+    assert lists.current().suppress == {}
+    RegulationStore(paths).file("c", "a", "A", "NO_TRACK", ["u1"])
+    assert lists.current().no_track["a"] == {lists.hash("a", "u1")}
+
+
+def test_a_lost_store_fails_closed(paths: DataPaths) -> None:
+    store = RegulationStore(paths)
+    store.file("c", "a", "A", "SUPPRESS", ["u1"])
+    store.close()
+    for f in paths.root.glob("regulations.sqlite*"):
+        f.unlink()
+    with pytest.raises(ListsUnavailable):
+        AdmissionLists(paths, retry_s=0.1).current()
+
+
+def test_forget_leaves_only_hashes_in_the_file(paths: DataPaths) -> None:
+    store = RegulationStore(paths)
+    reg = store.file("c", "a", "A", "SUPPRESS_WITH_DELETE", ["forget-me-42"])
+    store.save(reg.regulation_id, identifiers={"userIds": ["forget-me-42"]})
+    store.finish(reg.regulation_id, outcome={})
+    store.forget("a", ["forget-me-42"])
+    after = store.get(reg.regulation_id)
+    assert after is not None and after.subject_ids == [] and after.subject_hashes
+    store.close()
+    for f in paths.root.glob("regulations.sqlite*"):
+        assert b"forget-me-42" not in f.read_bytes(), f
+
+
+def test_the_sql_hash_is_the_python_hash() -> None:
+    key = "k" * 64
+    row = duckdb.sql("select sha256($k || ':' || 'acct' || ':' || 'user-1')", params={"k": key})
+    assert row.fetchone() == (identifier_hash(key, "acct", "user-1"),)
