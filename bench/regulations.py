@@ -19,10 +19,7 @@ The server starts the regulation's run itself (`mallard regulations run ID`, a d
 process). The load is an open loop at a fixed rate (a collector's steady traffic; `--rate 0`: a
 closed loop at the maximum, the collector's capacity while the Delete shares the cores), from a
 baseline window before the POST until the GET shows the regulation finished (bounded: 20
-minutes). The subjects are users with events, chosen with the lake's seed among those none of
-whose identifiers is a prefix of another identifier in the lake (`user-12`, `user-123`): the
-Delete's search for leftovers matches identifiers anywhere in a value, so it would find the
-subject in the other user's rows and fail.
+minutes). The subjects are users with events, chosen with the lake's seed.
 """
 
 from __future__ import annotations
@@ -182,33 +179,20 @@ class Subjects:
 
 
 def choose_subjects(paths: DataPaths, account_id: str, n: int, seed: int) -> Subjects:
-    """n users of the account with events, none of whose identifiers is a prefix of another
-    identifier of the lake; seeded. Also 20 other such users, who are not deleted."""
+    """n users of the account with events, seeded. Also 20 other such users, who are not
+    deleted."""
     conn = connect(paths, read_only=True)
     try:
         eligible = sorted(
             r[0]
             for r in conn.execute(
                 """
-                with ids as (
-                    select distinct id_value as v from lake.marts.customer_identifiers
-                    where account_id = $a
-                ),
-                prefixes as (
-                    select v from (select v, lead(v) over (order by v) as nxt from ids)
-                    where starts_with(nxt, v)
-                ),
-                with_events as (
+                with with_events as (
                     select distinct customer_id from lake.marts.events where account_id = $a
                 )
                 select distinct c.user_id from lake.marts.customers c
                 where c.account_id = $a and c.user_id is not null
                   and c.customer_id in (select customer_id from with_events)
-                  and not exists (
-                    select 1 from lake.marts.customer_identifiers i
-                    where i.customer_id = c.customer_id
-                      and i.id_value in (select v from prefixes)
-                  )
                 """,
                 {"a": account_id},
             ).fetchall()
