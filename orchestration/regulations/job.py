@@ -382,7 +382,7 @@ def verify_and_finish(
     _done("forget")
     store.finish(reg.regulation_id, outcome=_outcome(reg), evidence=evidence)
     store.compact()
-    left = verify.bytes_found(paths, strings)
+    left = verify.bytes_found(paths, strings, only=store_files)
     if left:
         evidence = {**evidence, "bytesFound": left, "bytesFoundTotal": sum(left.values())}
         store.fail(reg.regulation_id, f"the subject is still found in: {', '.join(left)}")

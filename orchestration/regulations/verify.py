@@ -98,10 +98,16 @@ def landing_rows_remaining(paths: DataPaths, strings: list[str]) -> dict[str, in
     return {str(Path(f).relative_to(paths.root)): int(n) for f, n in rows}
 
 
-def bytes_found(paths: DataPaths, strings: list[str], skip: Iterable[Path] = ()) -> dict[str, int]:
+def bytes_found(
+    paths: DataPaths,
+    strings: list[str],
+    skip: Iterable[Path] = (),
+    only: Iterable[Path] | None = None,
+) -> dict[str, int]:
     """Per file of the data dir (dot files, write-ahead and temp files included; Parquet files
     are searched by their values, see rows_remaining and landing_rows_remaining; the DuckDB
-    extensions are binaries of the install), how many times the strings occur in its bytes."""
+    extensions are binaries of the install), how many times the strings occur in its bytes;
+    `only`: just these files."""
     if not strings:
         return {}
     alternatives = b"|".join(
@@ -110,7 +116,7 @@ def bytes_found(paths: DataPaths, strings: list[str], skip: Iterable[Path] = ())
     pattern = re.compile(b"(?<![A-Za-z0-9])(?:" + alternatives + b")(?![A-Za-z0-9])")
     skipped = {p.resolve() for p in skip}
     found: dict[str, int] = {}
-    for path in sorted(paths.root.rglob("*")):
+    for path in sorted(paths.root.rglob("*") if only is None else only):
         if (
             not path.is_file()
             or path.is_symlink()
