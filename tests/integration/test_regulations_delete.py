@@ -176,6 +176,8 @@ def before(env: PrefsEnv) -> dict[str, Any]:
     wait_landed(env.server.data_dir, ids)
     env.server.pipeline()
     meta = env.server.get(f"profiles/userId:{SUBJECT}/meta").json()
+    first = env.server.get(f"profiles/userId:{SUBJECT}/events", params={"size": 1}).json()
+    assert first["data"] and first["scrollId"]
     access = _wait_finished(env, _file(env, "ACCESS", [SUBJECT]))
     assert access["status"] == "finished", access
     paths = DataPaths(env.server.data_dir)
@@ -209,6 +211,7 @@ def before(env: PrefsEnv) -> dict[str, Any]:
         "subject_events": subject_events,
         "events": events_before[0] if events_before else 0,
         "access": access,
+        "scroll": first["scrollId"],
     }
 
 
@@ -286,6 +289,11 @@ def test_profiles_answer_404(
         events = env.server.get(f"profiles/{key}/events")
         assert events.status_code == 404, (key, events.text)
     assert env.server.get(f"profiles/userId:{OTHER}/traits").status_code == 200
+    # A scroll begun before the Delete does not go on from what the API held in memory.
+    scroll = env.server.get(
+        f"profiles/userId:{SUBJECT}/events", params={"scrollId": before["scroll"]}
+    )
+    assert scroll.status_code in (400, 404) or scroll.json()["data"] == [], scroll.text
 
 
 def test_the_neighbour_now_owns_the_shared_anonymous_id(
