@@ -67,7 +67,6 @@ DERIVED = {
         " metadata in profile.json)"
     ),
     "marts.duplicates": "messageIds received more than once, with counts and times",
-    "marts.regulation_state": "whether a regulation hides your data (see regulations.json)",
 }
 # The endpoint families a message can come in through (raw.messages `source`).
 SOURCES = {

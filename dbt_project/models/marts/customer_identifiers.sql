@@ -1,5 +1,5 @@
--- One row per (served customer, identifier type, identifier): every userId, anonymousId and email
--- a served customer has been seen with, with first and last seen times. The mapping of
+-- One row per (customer, identifier type, identifier): every userId, anonymousId and email
+-- a customer has been seen with, with first and last seen times. The mapping of
 -- identifiers to customers. A view: fold rule identifier_spans (macros/folds.sql) over the
 -- sightings in customer_identifier_sightings (one row each once compaction has merged them). A
 -- lookup by customer_id or by identifier reaches the scan.

@@ -1,4 +1,4 @@
--- One row per served customer with a subscription id (grain: subscription_id): what the
+-- One row per customer with a subscription id (grain: subscription_id): what the
 -- marketing-preferences endpoints read. The subscription id is the
 -- only key; it is never listed by any API.
 -- A view of customer_profiles, which carries these columns: a table of its own would be written

@@ -1,4 +1,4 @@
--- One row per served customer (grain: customer_id): the traits object, the columns the metadata
+-- One row per customer (grain: customer_id): the traits object, the columns the metadata
 -- object is made of, typed columns for lookups, and the customer's marketing
 -- preferences (the customer_preferences view). The `customers` view assembles `metadata` from
 -- them and the firstEvent/lastEvent members in customer_event_objects: those are most of a
@@ -49,10 +49,6 @@ traits as (
 changes as (
     select * from {{ ref('int_preference_changes') }}
     {{ where_customer_changed() }}
-),
-
-regulations as (
-    select * from {{ ref('regulation_state') }}
 ),
 
 partial_base as (
@@ -194,10 +190,6 @@ assembled as (
     from base
     inner join traits on base.customer_id = traits.customer_id
     left join preferences on base.customer_id = preferences.customer_id
-    anti join regulations
-        on
-            base.account_id = regulations.account_id
-            and base.user_id = regulations.user_id
 ),
 
 traits_objects as (

@@ -1,4 +1,4 @@
--- One row per served customer (grain: customer_id): the traits and metadata objects of the
+-- One row per customer (grain: customer_id): the traits and metadata objects of the
 -- profile API, with typed columns for lookups. A view: customer_profiles holds each
 -- customer's traits and the columns of its metadata, assembled here, and the firstEvent/lastEvent
 -- members of `metadata` are spliced in from the winners among the candidates in

@@ -1,7 +1,7 @@
 -- One row: when the marts were built, the newest receipt they reflect, how many messages they
 -- hold, and the pass that built them (`pass_id`, its window in lake.state.pass_manifest): the
 -- orchestrator starts the next pass after that window.
--- Built last (it depends on every served mart), so a pass that fails anywhere leaves the
+-- Built last (it depends on every mart), so a pass that fails anywhere leaves the
 -- previous row, and the next pass takes the failed pass's messages again.
 -- depends_on: {{ ref('events') }}, {{ ref('customers') }}, {{ ref('customer_profiles') }},
 -- depends_on: {{ ref('customer_identifiers') }}

@@ -1,4 +1,4 @@
--- Candidates for the event objects of served customers: per (customer, event
+-- Candidates for the event objects of customers: per (customer, event
 -- action, end of history `first` or `last`), the first or last event of that action by event
 -- time (ties: receipt, then eventId) among the messages of one pass, with the keys it is ranked
 -- by.
@@ -10,8 +10,6 @@
 -- table back to winners with the fold rule `meta.fold` declares (event_winners, as the view
 -- customer_event_winners), deleting the candidates that are not winners. A rebuilt customer's candidates are deleted first and computed again
 -- from all its messages; a message the pass wrote again loses its earlier candidates.
--- Like customer_profiles, it holds served customers only: a customer that stops being served
--- loses its rows, and one served again must be rebuilt (int_customers_changed.rebuild).
 -- Row groups of 4,096 rows (schema state, as the marts), sorted by customer: a lookup of one customer reads a row
 -- group of each file, not the table. On a pass its rows are written in customer_profiles'
 -- commit (`commit_with`): the view never combines a pass's objects with the profiles of the pass
@@ -50,10 +48,6 @@ candidates as (
         arg_max(event_id, {{ event_order('event_id') }}) as last_event_id
     from messages
     group by customer_id, event_action
-),
-
-regulations as (
-    select * from {{ ref('regulation_state') }}
 ),
 
 ends as (
@@ -96,10 +90,6 @@ final as (
     from ends
     inner join messages
         on ends.customer_id = messages.customer_id and ends.event_id = messages.event_id
-    anti join regulations
-        on
-            messages.account_id = regulations.account_id
-            and messages.customer_user_id = regulations.user_id
     order by ends.customer_id, ends.event_action, ends.end_of_history
 )
 

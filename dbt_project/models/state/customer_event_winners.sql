@@ -1,4 +1,4 @@
--- One row per (served customer, event action, end of history `first` or `last`): the event object
+-- One row per (customer, event action, end of history `first` or `last`): the event object
 -- of the customer's first or last event of that action by event time (ties:
 -- receipt, then eventId), the winner among its candidates in customer_event_objects. Fold rule
 -- event_winners (macros/folds.sql), which compaction also uses to delete the candidates that are

@@ -1,13 +1,11 @@
--- The sightings behind customer_identifiers (a view): per pass and (served customer, identifier
+-- The sightings behind customer_identifiers (a view): per pass and (customer, identifier
 -- type, identifier) its messages show, the first and last time among them. A pass appends the
 -- sightings of the messages it rewrote, without reading or deleting the stored ones: the view
 -- takes the min and max over them (fold rule identifier_spans), and compaction merges each
 -- identifier's rows into one by the same rule (`meta.fold`). A message written again only adds a
 -- sighting the min and max already hold. A customer rebuilt loses its rows, and gets them again
 -- from all its messages. (One row per identifier would make every pass read, delete and write
--- again ~500k rows at 10M messages.) Like customer_profiles, it holds served
--- customers only: a customer that stops being served loses its rows, and one served again is to
--- be rebuilt.
+-- again ~500k rows at 10M messages.) It holds the customers customer_profiles holds.
 {{
     config(
         materialized='incremental',
@@ -60,7 +58,7 @@ identifiers as (
     where type = 'identify' and json_extract_string(traits, '$.email') is not null
 ),
 
--- The served customers among those changed (customer_profiles applies regulation_state).
+-- The customers among those changed that customer_profiles holds.
 served as (
     select customer_id from {{ ref('customer_profiles') }}
     {{ where_customer_changed() }}
