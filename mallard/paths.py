@@ -26,6 +26,16 @@ class DataPaths:
         return self.root / "preferences_journal.sqlite"
 
     @property
+    def outbox_db(self) -> Path:
+        """SQLite outbox of sends (orchestration/delivery/) and the links each email carried."""
+        return self.root / "outbox.sqlite"
+
+    @property
+    def mailbox_dir(self) -> Path:
+        """The local mailbox's messages, one .eml file each (`mallard mailbox serve`)."""
+        return self.root / "mailbox"
+
+    @property
     def regulations_db(self) -> Path:
         """SQLite store of regulations, the collectors' suppression and NoTrack lists (hashed
         identifiers) and the tombstones of deleted subjects (mallard/regulations.py)."""

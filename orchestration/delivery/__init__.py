@@ -1,0 +1,1 @@
+"""Delivery of commands: the outbox, the dispatcher and the channels (email over SMTP)."""
