@@ -1,0 +1,16 @@
+<!doctype html>
+<html>
+<body>
+<p>Hi ${customer.firstName!"there"}, here is what happened this week.</p>
+<#if items?has_content>
+<ul>
+<#list items as item>
+  <li><a href="${item.url}">${item.title}</a><#if item.summary??> - ${item.summary}</#if></li>
+</#list>
+</ul>
+<#else>
+<p>A quiet week: nothing new.</p>
+</#if>
+<p><a href="https://example.com/preferences?s=${(customer._subscriptionId)!""}&amp;utm_campaign=newsletter">Manage preferences</a></p>
+</body>
+</html>
