@@ -14,6 +14,7 @@ import zipfile
 from collections.abc import Iterator
 from typing import Any
 
+import dagster as dg
 import httpx
 import pyarrow.parquet as pq
 import pytest
@@ -191,6 +192,18 @@ def test_delete_after_suppress_removes_the_subject(srv: Server) -> None:
     assert srv.get(f"profiles/userId:{S}/traits").status_code == 404
     assert _landed_rows(srv, user_id=S, anonymous_id=ANON_S) == 0
     assert srv.get(f"profiles/userId:{ACC}/traits").status_code == 200
+    # The run is the Dagster job the UI shows, with its steps, in the data dir's instance.
+    with dg.DagsterInstance.from_config(str(srv.data_dir / "dagster")) as instance:
+        runs = instance.get_run_records(
+            dg.RunsFilter(job_name="regulation", tags={"regulation": done["regulationId"]})
+        )
+        assert [r.dagster_run.status for r in runs] == [dg.DagsterRunStatus.SUCCESS]
+        steps = {
+            e.step_key
+            for e in instance.all_logs(runs[0].dagster_run.run_id)
+            if e.dagster_event and e.dagster_event.event_type_value == "STEP_SUCCESS"
+        }
+    assert {"catch_up", "purge_rows", "purge_files", "verify_and_finish"} <= steps
 
 
 def test_access_zip_downloads_with_the_subjects_events(srv: Server) -> None:
