@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from collector.messages import Tenant
+from mallard.commands import command_of
 from mallard.errors import Unavailable
 from mallard.regulations import AdmissionLists, Generation, ListsUnavailable, identifier_hash
 
@@ -36,8 +37,7 @@ log = logging.getLogger(__name__)
 
 Item = tuple[str, dict[str, Any]]
 
-# INTERFACE 4.6: track events with these names (any case) are commands; NoTrack lets them pass.
-COMMANDS = frozenset({"send_email", "send_sms", "send_print", "send_push", "start_journey"})
+# INTERFACE 4.6: commands (track events of these names, any case) pass NoTrack.
 NO_TRACK_DROPS = frozenset({"track", "page", "screen"})
 # The channel the tag's calls are stamped with (collector/clients.py).
 TAG_CHANNEL = "browser"
@@ -76,8 +76,7 @@ def admits(
     if not any(h in regulated.no_track for h in hashes):
         return True
     if kind == "track":
-        event = msg.get("event")
-        return isinstance(event, str) and event.lower() in COMMANDS
+        return command_of(msg.get("event")) is not None
     if kind in NO_TRACK_DROPS:
         return False
     if kind == "identify":

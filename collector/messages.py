@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Any
 
+from mallard.commands import check_command
 from mallard.errors import InvalidRequest
 from mallard.ids import new_id
 from mallard.schemas import STORED_VERSION
@@ -82,6 +83,8 @@ def validate(kind: str, msg: Any, *, require_event: bool = True, where: str = ""
     elif kind == "track":
         if not isinstance(event, str) or not event.strip():
             raise InvalidRequest(f'{where}"event" is required for track and must be a string')
+        # Commands (send_email, ..., start_journey in any case) must name a known asset/journey.
+        check_command(msg, where)
     elif kind == "page":
         if require_event and event != "page":
             raise InvalidRequest(f'{where}"event" must be "page" for page')

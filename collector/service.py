@@ -10,6 +10,7 @@ import msgspec
 from collector.admission import Admission
 from collector.roller import Roller, recover
 from collector.wal import WalUnavailable, WriteAheadLog
+from mallard.commands import command_catalog
 from mallard.errors import Unavailable
 from mallard.paths import DataPaths
 from mallard.regulations import AdmissionLists
@@ -45,6 +46,8 @@ class Collector:
             await self.admission.current()
         except Unavailable:
             log.error("the regulation lists cannot be read: ingestion answers 503 until they can")
+        # The asset and journey ids commands are checked against, loaded before any call.
+        command_catalog().refresh(force=True)
         next_seq = recover(self.wal_dir, self.paths, self.collector_id)
         self.roller.start()
         self.wal.start(next_seq)

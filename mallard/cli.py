@@ -208,6 +208,19 @@ def cmd_accounts(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_assets(args: argparse.Namespace) -> int:
+    from mallard.assets import check_assets
+    from mallard.config import config_dir
+
+    directory = Path(args.config_dir) if args.config_dir else config_dir()
+    results = check_assets(directory)
+    for r in results:
+        print(r.line)
+    if not results:
+        print(f"no assets under {directory / 'assets'}")
+    return 0 if all(r.ok for r in results) else 1
+
+
 def cmd_writekeys(args: argparse.Namespace) -> int:
     control = ControlStore(_paths(args).control_db)
     if args.writekeys_cmd == "list":
@@ -437,6 +450,12 @@ def build_parser() -> argparse.ArgumentParser:
     c = a.add_parser("sync", parents=[common], help="apply config/tenants.toml (adds only)")
     c.add_argument("--file", help="tenants file (default: $MALLARD_CONFIG_DIR/tenants.toml)")
     s.set_defaults(fn=cmd_accounts)
+
+    s = sub.add_parser("assets", help="campaign assets (config/assets/<assetId>/)")
+    a = s.add_subparsers(dest="assets_cmd", required=True)
+    c = a.add_parser("check", help="load and render every asset with its sample data")
+    c.add_argument("--config-dir", help="config directory (default: $MALLARD_CONFIG_DIR)")
+    s.set_defaults(fn=cmd_assets)
 
     s = sub.add_parser("writekeys", help="writeKeys for the tag and mobile endpoints")
     w = s.add_subparsers(dest="writekeys_cmd", required=True)
