@@ -118,6 +118,15 @@ async def _write(
     return await asyncio.to_thread(finish)
 
 
+async def unsubscribe_all(
+    request: Request[Any, Any, Any], ctx: _Context, subscription_id: str, asset_id: str | None
+) -> dict[str, Any]:
+    """Unsubscribe-all, the update the page's button makes (an email's one-click
+    List-Unsubscribe POST, api/email_links.py, makes it too)."""
+    unsubscribe = Update({}, {}, True, None)
+    return await _write(request, ctx, subscription_id, lambda _c: unsubscribe, asset_id)
+
+
 SubscriptionId = Annotated[
     str, Parameter(description="The customer's _subscriptionId (merge tag in messages).")
 ]

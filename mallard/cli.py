@@ -1,5 +1,5 @@
 """The `mallard` command line: init, serve, pipeline run, tokens, accounts, writekeys,
-regulations, demo, up.
+regulations, demo, up, mailbox.
 
 With mallard/app.py, the composition root: the only modules of mallard/ that import api/,
 collector/ and orchestration/ (each command imports what it runs, when it runs).
@@ -366,7 +366,27 @@ def _run_regulation(paths: DataPaths, store: RegulationStore, regulation_id: str
 def cmd_up(args: argparse.Namespace) -> int:
     from mallard.up import up
 
-    return up(Path(args.data_dir), args.port, args.dagster_port)
+    return up(Path(args.data_dir), args.port, args.dagster_port, args.mailbox_port)
+
+
+def cmd_mailbox(args: argparse.Namespace) -> int:
+    from mallard import mailbox
+
+    paths = _paths(args)
+    if args.mailbox_cmd == "serve":
+        return mailbox.serve(paths, args.host, args.port)
+    if args.mailbox_cmd == "list":
+        rows = mailbox.list_messages(paths)
+        if not args.json:
+            rows = [{k: v for k, v in r.items() if k != "file"} for r in rows]
+        _table(rows, args.json)
+        return 0
+    found = mailbox.find(paths, args.message)
+    if found is None:
+        print(f"mallard: no message {args.message!r} in {paths.mailbox_dir}", file=sys.stderr)
+        return 1
+    sys.stdout.buffer.write(found.read_bytes())
+    return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -501,7 +521,19 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("up", parents=[common], help="init, serve, demo data, pipeline, Dagster UI")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--dagster-port", type=int, default=3000)
+    s.add_argument("--mailbox-port", type=int, default=1025, help="the local mailbox's SMTP port")
     s.set_defaults(fn=cmd_up)
+
+    s = sub.add_parser("mailbox", help="the local mailbox: an SMTP server keeping what it gets")
+    m = s.add_subparsers(dest="mailbox_cmd", required=True)
+    c = m.add_parser("serve", parents=[common], help="accept mail on loopback into data/mailbox/")
+    c.add_argument("--host", default="127.0.0.1")
+    c.add_argument("--port", type=int, default=1025)
+    c = m.add_parser("list", parents=[common], help="the messages: date, from, to, subject, id")
+    c.add_argument("--json", action="store_true")
+    c = m.add_parser("show", parents=[common], help="print one message as it arrived")
+    c.add_argument("message", metavar="N|MESSAGE-ID")
+    s.set_defaults(fn=cmd_mailbox)
 
     s = sub.add_parser("demo", parents=[common], help="send demo traffic to a running server")
     s.add_argument("--url", default="http://127.0.0.1:8000")

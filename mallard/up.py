@@ -1,5 +1,5 @@
 """`mallard up`, what `make run` calls: init, serve, demo data, pipeline, the pipeline watcher,
-Dagster UI and daemon.
+Dagster UI and daemon, and a local mailbox for email unless MALLARD_SMTP_URL names a server.
 
 Ctrl-C or SIGTERM stops every process it started, by PID, and says so. With mallard/app.py and
 mallard/cli.py, part of the composition root: it starts the applications (and takes the
@@ -44,7 +44,7 @@ def _terminate(*_: object) -> None:
     raise Terminated
 
 
-def up(data_dir: Path, port: int, dagster_port: int) -> int:
+def up(data_dir: Path, port: int, dagster_port: int, mailbox_port: int = 1025) -> int:
     from orchestration.environment import TELEMETRY_OFF
 
     paths = DataPaths(data_dir.resolve())
@@ -54,6 +54,10 @@ def up(data_dir: Path, port: int, dagster_port: int) -> int:
         "DAGSTER_HOME": str(paths.dagster_home),
         **TELEMETRY_OFF,
     }
+    # Without a mail server of the user's, email goes to the local mailbox started below.
+    local_mailbox = not os.environ.get("MALLARD_SMTP_URL")
+    if local_mailbox:
+        env["MALLARD_SMTP_URL"] = f"smtp://127.0.0.1:{mailbox_port}"
     mallard = [sys.executable, "-m", "mallard.cli"]
     first_time = not (paths.root / "demo-credentials.json").exists()
     init = subprocess.run([*mallard, "init", "--json"], env=env, capture_output=True, text=True)
@@ -101,6 +105,8 @@ def up(data_dir: Path, port: int, dagster_port: int) -> int:
     why = "exiting"
     try:
         url = f"http://127.0.0.1:{port}"
+        if local_mailbox:
+            start("mailbox", [*mallard, "mailbox", "serve", "--port", str(mailbox_port)])
         server = start("server", [*mallard, "serve", "--port", str(port)])
         _wait_http(f"{url}/health", server, "mallard serve")
         if first_time:
@@ -133,6 +139,11 @@ def up(data_dir: Path, port: int, dagster_port: int) -> int:
             [str(dagster_bin / "dagster-daemon"), "run", "-m", "orchestration.definitions"],
         )
         _wait_http(f"http://127.0.0.1:{dagster_port}/server_info", ui, "dagster-webserver")
+        mail = (
+            f"local mailbox {env['MALLARD_SMTP_URL']}; read it: mallard mailbox list | show N"
+            if local_mailbox
+            else "the server MALLARD_SMTP_URL names"
+        )
         base = f"{url}/track/{creds['clientId']}/{creds['accountId']}/{creds['brandId']}/v1"
         print(
             f"""
@@ -140,6 +151,7 @@ Mallard is running (data in {paths.root}; logs in {paths.run_dir}).
   Server (ingestion, read API, tag): {url}      health: {url}/health   OpenAPI: {url}/schema
   Dagster UI:                        http://127.0.0.1:{dagster_port}
   Pipeline: a pass whenever files land (mallard pipeline run --watch; runs show in the UI)
+  Email:                             {mail}
   auth-token: {creds["token"]}
   writeKey:   {creds["writeKey"]}
 

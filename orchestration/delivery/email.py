@@ -180,6 +180,8 @@ def send_email(smtp_url: str, email: Email, timeout: float = 30) -> str:
                 code, answer = smtp.data(data)
             except smtplib.SMTPDataError as e:
                 raise _refusal(e.smtp_code, e.smtp_error, Bounced) from e
+            if code != 250:
+                raise _refusal(code, answer, Bounced)
             return f"{code} {answer.decode(errors='replace')}"
     except SendError:
         raise

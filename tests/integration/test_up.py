@@ -46,7 +46,7 @@ def _sensor_skips(home: Path, sensor: str) -> list[str]:
         ]
 
 
-CHILDREN = ("server", "pipeline-watch", "dagster-webserver", "dagster-daemon")
+CHILDREN = ("mailbox", "server", "pipeline-watch", "dagster-webserver", "dagster-daemon")
 
 
 def _start(data: Path) -> tuple[subprocess.Popen[str], list[str]]:
@@ -55,9 +55,14 @@ def _start(data: Path) -> tuple[subprocess.Popen[str], list[str]]:
     lines: list[str] = []
     proc = subprocess.Popen(
         [sys.executable, "-m", "mallard.cli", "up", "--data-dir", str(data)]
-        + ["--port", str(port), "--dagster-port", str(dagster_port)],
+        + ["--port", str(port), "--dagster-port", str(dagster_port)]
+        + ["--mailbox-port", str(free_port())],
         cwd=REPO,
-        env={**os.environ, "DO_NOT_TRACK": "1", "MALLARD_ROLL_INTERVAL_S": "0.5"},
+        env={
+            **{k: v for k, v in os.environ.items() if k != "MALLARD_SMTP_URL"},
+            "DO_NOT_TRACK": "1",
+            "MALLARD_ROLL_INTERVAL_S": "0.5",
+        },
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -101,6 +106,7 @@ def test_make_run_starts_everything_and_the_watcher_runs_the_passes(tmp_path: Pa
         assert token and base and re.search(r"writeKey:\s+\S+", out), out
         assert re.search(r"Dagster UI: +http://127\.0\.0\.1:\d+", out), out
         assert "pipeline run --watch" in out
+        assert re.search(r"local mailbox smtp://127\.0\.0\.1:\d+; read it: mallard mailbox", out)
         client = httpx.Client(base_url=base[1], headers={"auth-token": token[1]}, timeout=10)
 
         # The first pass ran before the banner: the demo customers are served.
