@@ -289,6 +289,9 @@ def test_profiles_answer_404(
         events = env.server.get(f"profiles/{key}/events")
         assert events.status_code == 404, (key, events.text)
     assert env.server.get(f"profiles/userId:{OTHER}/traits").status_code == 200
+    # The marketing preferences by subscription id, served from the lake and the journal.
+    assert env.get(SUBJECT).status_code == 404
+    assert env.get(OTHER).status_code == 200
     # A scroll begun before the Delete does not go on from what the API held in memory.
     scroll = env.server.get(
         f"profiles/userId:{SUBJECT}/events", params={"scrollId": before["scroll"]}
