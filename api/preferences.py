@@ -234,6 +234,18 @@ class Journal(Protocol):
     def mark_loaded(self, event_ids: list[str], version: int) -> None: ...
 
 
+def allows_marketing(
+    state: dict[tuple[str, str], bool], channel: str, category: str | None
+) -> bool:
+    """Whether marketing on this channel and category may go out under the state: the
+    channel opted in, the category not opted out, and not unsubscribeAll (the resource's rule)."""
+    return (
+        state.get(("channel", channel), False)
+        and (category is None or state.get(("category", category), True))
+        and not state.get(UNSUBSCRIBE_ALL, False)
+    )
+
+
 class Preferences:
     """Reads and writes preferences: the warehouse, the journal and the brand's choices."""
 

@@ -72,7 +72,19 @@ def run_pipeline(data_dir: Path, launched_by: str = BY_HAND) -> list[StepResult]
             steps += failed_steps(compacted) or [
                 StepResult("compact", True, compacted.output_for_node("compact_fragmented_tables"))
             ]
+        if result.success:
+            steps.append(dispatch_step(paths))
     return steps
+
+
+def dispatch_step(paths: DataPaths) -> StepResult:
+    """Sends what the pass made due (orchestration/delivery/dispatch.py)."""
+    from orchestration.delivery.dispatch import dispatch
+
+    try:
+        return StepResult("dispatch", True, dispatch(paths).summary())
+    except Exception as e:
+        return StepResult("dispatch", False, f"{type(e).__name__}: {e}")
 
 
 def with_dbt_tally(steps: list[StepResult], dbt: DbtTally | None) -> list[StepResult]:

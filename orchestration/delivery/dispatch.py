@@ -1,0 +1,652 @@
+"""The dispatcher: after each pass, the commands the pass made are planned, guarded, rendered,
+sent through their channel's provider, and each outcome recorded as an event.
+
+Steps of `dispatch(paths)`:
+1. Plan: the rows of `lake.marts.commands` whose eventId the outbox has not planned (the cursor
+   is the outbox's `planned` table: a command is planned once, in one transaction with its
+   sends). Each send is keyed by `send_id(eventId, channel, recipient)`; the guards decide its
+   first state: `failed: customer_not_identified`, `skipped: no_address`, `skipped:
+   preferences` (marketing only), `skipped: suppressed` (a hard-bounced address). A customer
+   suppressed or deleted by a regulation gets no send and no event. The asset is rendered at
+   planning with the customer's traits of that moment; the rendered content is the send's
+   payload, so a retried send carries the same content.
+2. Send: `Outbox.claim()` takes due sends (with a lease); each goes to its provider with the
+   send id as Message-ID / Idempotency-Key, then is marked.
+3. Record: each final send becomes a track message (`email_sent`, `sms_skipped`, ...) with a
+   messageId derived from the send id, so writing it twice stores it once.
+
+Outcome events reach the warehouse the way every collector's messages do: the dispatcher is a
+collector of its own (id `dispatch`, log directory `wal/dispatch`). It appends the stamped
+messages to a log segment there (framed and fsynced as collector/wal.py writes them), seals it
+and rolls it into a landing file with collector/roller.py; the next pass loads it. A crash
+before the roll leaves a segment that the next dispatch rolls first (`recover`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+import time
+import tomllib
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from html import escape
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from collector.messages import Tenant, stamp
+from collector.roller import recover, roll_segment
+from collector.wal import SEALED_SUFFIX, frame, fsync_dir
+from mallard.paths import DataPaths
+from orchestration.delivery.outbox import FAILED, PENDING, SENT, SKIPPED, Outbox, Send, send_id
+
+log = logging.getLogger(__name__)
+
+DISPATCH_COLLECTOR = "dispatch"
+CHANNEL_OF = {
+    "send_email": "email",
+    "send_sms": "sms",
+    "send_push": "push",
+    "send_print": "print",
+}
+MAX_ATTEMPTS = 5
+BACKOFF_S = (5.0, 30.0, 120.0, 600.0)
+HTTP_TIMEOUT_S = 10.0
+SIGNATURE_PURPOSE = "mallard webhook signature v1"
+
+
+@dataclass
+class DispatchResult:
+    planned: int = 0
+    sent: int = 0
+    skipped: int = 0
+    failed: int = 0
+    retrying: int = 0
+    recorded: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        return (
+            f"{self.planned} commands planned, {self.sent} sent, {self.skipped} skipped,"
+            f" {self.failed} failed, {self.retrying} to retry, {self.recorded} outcomes recorded"
+        )
+
+
+class TryAgain(Exception):
+    """The provider could not take the send now (4xx of SMTP, 5xx of a webhook, no connection)."""
+
+
+class Gone(Exception):
+    """The provider refused the recipient for good (SMTP 5xx bounce, a push token gone)."""
+
+
+def outbox_path(paths: DataPaths) -> Path:
+    return getattr(paths, "outbox_db", paths.root / "outbox.sqlite")
+
+
+def public_url() -> str:
+    """The base URL links in messages point at (`MALLARD_PUBLIC_URL`, else the server's)."""
+    url = os.environ.get("MALLARD_PUBLIC_URL")
+    if url:
+        return url.rstrip("/")
+    from mallard.settings import get_settings
+
+    s = get_settings()
+    return f"http://{s.host}:{s.port}"
+
+
+# --- outcome events -------------------------------------------------------------------------
+
+
+class OutcomeLog:
+    """Appends stamped messages to the dispatcher's own log directory and lands them."""
+
+    def __init__(self, paths: DataPaths) -> None:
+        self.paths = paths
+        self.dir = paths.wal_dir / DISPATCH_COLLECTOR
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._next_seq = recover(self.dir, paths, DISPATCH_COLLECTOR)
+
+    def write(self, messages: list[dict[str, Any]]) -> None:
+        if not messages:
+            return
+        seq = max(self._next_seq, time.time_ns() // 1_000_000)
+        self._next_seq = seq + 1
+        sealed = self.dir / f"{seq:016d}{SEALED_SUFFIX}"
+        tmp = self.dir / f".{seq:016d}.tmp"
+        data = b"".join(frame(json.dumps(m, separators=(",", ":")).encode()) for m in messages)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, sealed)
+        fsync_dir(self.dir)
+        roll_segment(sealed, self.paths, DISPATCH_COLLECTOR)
+
+
+def outcome_event(send: Send) -> str:
+    """The event a final send records: `<channel>_<status>`, `email_bounced` for a bounce."""
+    if send.status == FAILED and send.reason == "bounced":
+        return f"{send.channel}_bounced"
+    return f"{send.channel}_{send.status}"
+
+
+def outcome_message(send: Send, received: datetime) -> dict[str, Any]:
+    p = send.payload
+    event = outcome_event(send)
+    props: dict[str, Any] = {
+        "sendType": send.channel,
+        "assetId": send.asset_id,
+        "sendId": send.send_id,
+        "commandEventId": send.command_event_id,
+    }
+    if send.status in (SKIPPED, FAILED):
+        props["reason"] = send.reason
+        if send.last_error:
+            props["error"] = send.last_error
+    msg: dict[str, Any] = {
+        "event": event,
+        "properties": props,
+        "messageId": f"{send.send_id}:{event}",
+        "context": {"library": {"name": "mallard-dispatch"}},
+    }
+    if p.get("userId"):
+        msg["userId"] = p["userId"]
+    else:
+        msg["anonymousId"] = p.get("anonymousId") or send.command_event_id
+    tenant = Tenant(p["clientId"], send.account_id, p["brandId"])
+    return stamp(
+        "track",
+        msg,
+        tenant,
+        channel="server",
+        source=DISPATCH_COLLECTOR,
+        received=received,
+        request_ip=None,
+    )
+
+
+# --- planning -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Command:
+    event_id: str
+    message_id: str
+    client_id: str
+    account_id: str
+    brand_id: str
+    customer_id: str
+    user_id: str | None
+    command: str
+    asset_id: str | None
+    merge_data: dict[str, Any]
+
+
+_COMMAND_COLUMNS = (
+    "event_id, message_id, client_id, account_id, brand_id, customer_id, user_id, command,"
+    " asset_id, merge_data"
+)
+
+
+class Lake:
+    """The warehouse reads the dispatcher needs, on one read-only connection."""
+
+    def __init__(self, paths: DataPaths) -> None:
+        from mallard.warehouse import connect
+
+        self.conn = connect(paths, read_only=True)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def has(self, schema: str, table: str) -> bool:
+        return bool(
+            self.conn.execute(
+                "select count(*) from duckdb_tables() where database_name = 'lake'"
+                " and schema_name = ? and table_name = ?",
+                [schema, table],
+            ).fetchone()[0]  # type: ignore[index]
+            or self.conn.execute(
+                "select count(*) from duckdb_views() where database_name = 'lake'"
+                " and schema_name = ? and view_name = ?",
+                [schema, table],
+            ).fetchone()[0]  # type: ignore[index]
+        )
+
+    def command_ids(self) -> list[str]:
+        rows = self.conn.execute("select event_id from lake.marts.commands").fetchall()
+        return [r[0] for r in rows]
+
+    def commands(self, event_ids: list[str]) -> list[Command]:
+        rows = self.conn.execute(
+            f"select {_COMMAND_COLUMNS} from lake.marts.commands"
+            " where event_id in (select unnest(?)) order by received_at, event_id",
+            [event_ids],
+        ).fetchall()
+        return [
+            Command(*r[:9], json.loads(r[9]) if r[9] else {})  # type: ignore[call-arg]
+            for r in rows
+        ]
+
+    def customer(self, customer_id: str) -> tuple[dict[str, Any], str | None] | None:
+        row = self.conn.execute(
+            "select traits, subscription_id from lake.marts.customers where customer_id = ?",
+            [customer_id],
+        ).fetchone()
+        if row is None:
+            return None
+        return (json.loads(row[0]) if row[0] else {}), row[1]
+
+    def preference_state(self, customer_id: str) -> dict[tuple[str, str], bool]:
+        from api.preferences import Change, latest, parse_time
+
+        row = self.conn.execute(
+            "select state from lake.marts.customer_preferences where customer_id = ?",
+            [customer_id],
+        ).fetchone()
+        changes = [
+            Change(
+                s["kind"],
+                s["key"],
+                bool(s["value"]),
+                parse_time(s["eventTime"]),
+                parse_time(s["receivedAt"]),
+                s["messageId"],
+            )
+            for s in (json.loads(row[0]) if row and row[0] else [])
+        ]
+        return latest(changes)
+
+    def device_tokens(self, customer_id: str) -> list[str]:
+        rows = self.conn.execute(
+            "select distinct context ->> '$.device.token' as token"
+            " from lake.intermediate.int_messages_identified"
+            " where customer_id = ? and context ->> '$.device.token' is not null order by token",
+            [customer_id],
+        ).fetchall()
+        return [r[0] for r in rows if r[0]]
+
+
+class Regulated:
+    """Who a regulation took out: suppressed users and deleted ones (tombstones)."""
+
+    def __init__(self, paths: DataPaths) -> None:
+        from mallard.regulations import SUPPRESS, USER, RegulationStore
+
+        if not paths.regulations_db.exists():
+            self.store = None
+            self._suppress: dict[str, frozenset[str]] = {}
+            self._deleted: set[tuple[str, str]] = set()
+            return
+        self.store = RegulationStore(paths)
+        self._suppress = {a: d.get(SUPPRESS, frozenset()) for a, d in self.store.lists().items()}
+        self._deleted = {(a, h) for a, kind, h, _ in self.store.tombstones() if kind == USER}
+
+    def excludes(self, account_id: str, user_id: str | None) -> bool:
+        if self.store is None or user_id is None:
+            return False
+        h = self.store.hash(account_id, user_id)
+        return h in self._suppress.get(account_id, frozenset()) or (account_id, h) in self._deleted
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+
+
+def _send_row(
+    cmd: Command, channel: str, recipient: str, status: str, reason: str | None, **payload: Any
+) -> dict[str, Any]:
+    base = {
+        "clientId": cmd.client_id,
+        "brandId": cmd.brand_id,
+        "userId": cmd.user_id,
+        "anonymousId": cmd.merge_data.get("anonymousId"),
+        "customerId": cmd.customer_id,
+    }
+    return {
+        "send_id": send_id(cmd.event_id, channel, recipient),
+        "account_id": cmd.account_id,
+        "channel": channel,
+        "recipient": recipient,
+        "asset_id": cmd.asset_id or "",
+        "status": status,
+        "reason": reason,
+        "payload": base | payload,
+    }
+
+
+def plan_command(
+    cmd: Command,
+    lake: Lake,
+    outbox: Outbox,
+    regulated: Regulated,
+    assets: dict[str, Any],
+    base_url: str,
+) -> list[dict[str, Any]]:
+    """The sends of one command, each in its first state (see the module docstring)."""
+    channel = CHANNEL_OF.get(cmd.command)
+    if channel is None:  # start_journey: the journeys' runner takes it
+        return []
+    if regulated.excludes(cmd.account_id, cmd.user_id):
+        return []
+    if cmd.user_id is None:
+        return [_send_row(cmd, channel, "", FAILED, "customer_not_identified")]
+    asset = assets.get(cmd.asset_id or "")
+    if asset is None:
+        return [_send_row(cmd, channel, "", FAILED, "unknown_asset")]
+    found = lake.customer(cmd.customer_id)
+    traits, subscription_id = found if found else ({}, None)
+    recipients: list[str]
+    if channel == "email":
+        recipients = [traits["email"]] if isinstance(traits.get("email"), str) else []
+    elif channel == "sms":
+        recipients = [traits["phone"]] if isinstance(traits.get("phone"), str) else []
+    elif channel == "push":
+        disabled = outbox.disabled_tokens(cmd.account_id)
+        recipients = [t for t in lake.device_tokens(cmd.customer_id) if t not in disabled]
+    else:
+        address = traits.get("address")
+        recipients = [json.dumps(address, sort_keys=True)] if address else []
+    if not recipients:
+        return [_send_row(cmd, channel, "", SKIPPED, "no_address")]
+    if asset.kind == "marketing":
+        from api.preferences import allows_marketing
+
+        state = lake.preference_state(cmd.customer_id)
+        if not allows_marketing(state, channel, asset.category):
+            return [_send_row(cmd, channel, r, SKIPPED, "preferences") for r in recipients]
+    merge = dict(cmd.merge_data)
+    merge["customer"] = traits | {
+        "id": cmd.customer_id,
+        "externalId": cmd.user_id,
+        "_subscriptionId": subscription_id,
+    }
+    rows = []
+    for r in recipients:
+        if channel in ("email", "sms") and outbox.is_suppressed(cmd.account_id, channel, r):
+            rows.append(_send_row(cmd, channel, r, SKIPPED, "suppressed"))
+            continue
+        try:
+            content = render_send(asset, merge)
+        except Exception as e:  # RenderError names the variable and line
+            rows.append(_send_row(cmd, channel, r, FAILED, "render_error", error=str(e)))
+            continue
+        extra: dict[str, Any] = {"content": content, "subscriptionId": subscription_id}
+        if asset.kind == "marketing" and channel == "email":
+            extra["marketing"] = True
+            with_preferences_link(
+                content,
+                f"{base_url}/content?s={quote(subscription_id or '')}"
+                f"&utm_campaign={quote(asset.asset_id)}",
+            )
+        rows.append(_send_row(cmd, channel, r, PENDING, None, **extra))
+    return rows
+
+
+def with_preferences_link(content: dict[str, Any], url: str) -> None:
+    """Marketing mail ends with the link to the customer's preferences page."""
+    if content.get("text") is not None:
+        content["text"] = f"{content['text'].rstrip()}\n\nManage your preferences: {url}\n"
+    html = content.get("html")
+    if html:
+        link = f'<p><a href="{escape(url)}">Manage your preferences</a></p>'
+        at = html.lower().rfind("</body>")
+        content["html"] = html[:at] + link + html[at:] if at >= 0 else html + link
+
+
+def render_send(asset: Any, merge: dict[str, Any]) -> dict[str, Any]:
+    from mallard.assets import render
+
+    out = render(asset, merge)
+    return {
+        "subject": out.subject,
+        "text": out.text,
+        "html": out.html,
+        "sender": getattr(asset, "sender", None),
+    }
+
+
+# --- providers ------------------------------------------------------------------------------
+
+
+def load_providers(config_dir: Path) -> dict[str, dict[str, Any]]:
+    """`config/providers.toml`: `[sms] url = ...`, `[push]`, `[print]`; missing: none."""
+    path = config_dir / "providers.toml"
+    if not path.exists():
+        return {}
+    return {k: v for k, v in tomllib.loads(path.read_text()).items() if isinstance(v, dict)}
+
+
+def webhook_body(send: Send) -> bytes:
+    content = send.payload.get("content") or {}
+    body: dict[str, Any] = {
+        "sendId": send.send_id,
+        "channel": send.channel,
+        "to": send.recipient if send.channel != "print" else json.loads(send.recipient),
+        "assetId": send.asset_id,
+        "commandEventId": send.command_event_id,
+        "customerId": send.payload.get("customerId"),
+        "userId": send.payload.get("userId"),
+    }
+    if send.channel == "print":
+        body["html"] = content.get("html")
+    else:
+        body["text"] = content.get("text")
+        if content.get("subject"):
+            body["title"] = content.get("subject")
+    return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+
+
+def post_webhook(paths: DataPaths, url: str, send: Send) -> str:
+    """POST the send; the answer's text on 2xx. Gone on 410 (a push token gone), TryAgain on
+    5xx, 429 or no connection; other 4xx fail the send (ValueError)."""
+    from mallard.secret import derived_key
+
+    body = webhook_body(send)
+    key = derived_key(paths, SIGNATURE_PURPOSE).encode()
+    sig = hmac.new(key, body, hashlib.sha256).hexdigest()
+    req = urllib.request.Request(
+        url,
+        data=body,
+        method="POST",
+        headers={
+            "Content-Type": "application/json",
+            "Idempotency-Key": send.send_id,
+            "X-Mallard-Signature": f"sha256={sig}",
+        },
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT_S) as resp:
+            return f"{resp.status} {resp.read(500).decode(errors='replace')}"
+    except urllib.error.HTTPError as e:
+        text = f"{e.code} {e.read(500).decode(errors='replace')}"
+        if e.code == 410:
+            raise Gone(text) from e
+        if e.code >= 500 or e.code == 429:
+            raise TryAgain(text) from e
+        raise ValueError(text) from e
+    except (urllib.error.URLError, OSError) as e:
+        raise TryAgain(str(e)) from e
+
+
+def write_file_outbox(paths: DataPaths, send: Send) -> str:
+    """No provider configured: the send as JSON in `outbox/<channel>/<send_id>.json`."""
+    folder = paths.root / "outbox" / send.channel
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"{send.send_id}.json"
+    tmp = folder / f".{send.send_id}.{os.getpid()}.tmp"
+    tmp.write_bytes(webhook_body(send))
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.rename(tmp, target)
+    fsync_dir(folder)
+    return f"file {target.name}"
+
+
+def link_send(send: Send) -> dict[str, Any]:
+    """The send's fields that link and unsubscribe tokens carry (email.SEND_FIELDS)."""
+    p = send.payload
+    return {
+        "sendId": send.send_id,
+        "assetId": send.asset_id,
+        "eventId": send.command_event_id,
+        "customerId": p.get("customerId"),
+        "clientId": p.get("clientId"),
+        "accountId": send.account_id,
+        "brandId": p.get("brandId"),
+        "userId": p.get("userId"),
+        "anonymousId": p.get("anonymousId"),
+    }
+
+
+def smtp_url() -> str:
+    from mallard.settings import get_settings
+
+    configured = getattr(get_settings(), "smtp_url", None)
+    return str(configured or os.environ.get("MALLARD_SMTP_URL", "smtp://127.0.0.1:1025"))
+
+
+def send_email_now(paths: DataPaths, send: Send, base_url: str) -> str:
+    from orchestration.delivery import email as mail
+
+    content = send.payload.get("content") or {}
+    html = content.get("html")
+    fields = link_send(send)
+    headers: dict[str, str] = {}
+    if html:
+        html, links = mail.track_links(html, base_url, paths, fields)
+        mail.store_links(paths, send.send_id, links)
+    if send.payload.get("marketing"):
+        headers.update(mail.unsubscribe_headers(base_url, mail.unsubscribe_token(paths, fields)))
+    email = mail.Email(
+        to=send.recipient,
+        sender=content.get("sender") or "mallard@localhost",
+        subject=content.get("subject") or "",
+        text=content.get("text") or "",
+        html=html,
+        message_id=f"<{send.send_id}@mallard>",
+        headers=headers,
+    )
+    try:
+        return mail.send_email(smtp_url(), email)
+    except mail.Bounced as e:
+        raise Gone(f"{e.code} {e.message}") from e
+    except mail.TryLater as e:
+        raise TryAgain(f"{e.code} {e.message}") from e
+
+
+def deliver(
+    paths: DataPaths, send: Send, providers: dict[str, dict[str, Any]], base_url: str
+) -> str:
+    """Hands one send to its channel's provider; the provider's answer."""
+    if send.channel == "email":
+        return send_email_now(paths, send, base_url)
+    url = providers.get(send.channel, {}).get("url")
+    if url:
+        return post_webhook(paths, str(url), send)
+    return write_file_outbox(paths, send)
+
+
+# --- the dispatcher -------------------------------------------------------------------------
+
+
+def plan(paths: DataPaths, outbox: Outbox, result: DispatchResult, base_url: str) -> None:
+    lake = Lake(paths)
+    try:
+        if not lake.has("marts", "commands"):
+            return
+        ids = lake.command_ids()
+        done = outbox.planned_among(ids)
+        new = [i for i in ids if i not in done]
+        if not new:
+            return
+        from mallard.assets import load_assets
+        from mallard.config import config_dir
+
+        assets = load_assets(config_dir())
+        regulated = Regulated(paths)
+        try:
+            for cmd in lake.commands(new):
+                rows = plan_command(cmd, lake, outbox, regulated, assets, base_url)
+                outbox.plan(cmd.event_id, rows)
+                result.planned += 1
+        finally:
+            regulated.close()
+    finally:
+        lake.close()
+
+
+def send_due(
+    paths: DataPaths,
+    outbox: Outbox,
+    result: DispatchResult,
+    base_url: str,
+    deliver_fn: Any = deliver,
+) -> None:
+    from mallard.config import config_dir
+
+    providers = load_providers(config_dir())
+    while sends := outbox.claim(limit=100):
+        for s in sends:
+            try:
+                answer = deliver_fn(paths, s, providers, base_url)
+            except TryAgain as e:
+                if s.attempts >= MAX_ATTEMPTS:
+                    outbox.mark(s.send_id, FAILED, reason="provider_unavailable", error=str(e))
+                else:
+                    delay = BACKOFF_S[min(s.attempts - 1, len(BACKOFF_S) - 1)]
+                    outbox.retry_later(s.send_id, str(e), delay)
+                    result.retrying += 1
+            except Gone as e:
+                if s.channel == "push":
+                    outbox.disable_token(s.account_id, s.recipient)
+                    outbox.mark(s.send_id, FAILED, reason="token_disabled", error=str(e))
+                else:
+                    outbox.suppress(s.account_id, s.channel, s.recipient, "bounced")
+                    outbox.mark(s.send_id, FAILED, reason="bounced", error=str(e))
+            except Exception as e:  # a refused request, a broken payload: not retried
+                log.exception("send %s failed", s.send_id)
+                outbox.mark(s.send_id, FAILED, reason="provider_error", error=str(e)[:500])
+            else:
+                outbox.mark(s.send_id, SENT, answer=str(answer)[:500])
+
+
+def record(paths: DataPaths, outbox: Outbox, result: DispatchResult) -> None:
+    sends = outbox.unrecorded()
+    if not sends:
+        return
+    now = datetime.now(UTC)
+    OutcomeLog(paths).write([outcome_message(s, now) for s in sends])
+    outbox.mark_recorded([s.send_id for s in sends])
+    result.recorded += len(sends)
+    for s in sends:
+        if s.status == SENT:
+            result.sent += 1
+        elif s.status == SKIPPED:
+            result.skipped += 1
+        else:
+            result.failed += 1
+
+
+def dispatch(paths: DataPaths, deliver_fn: Any = deliver) -> DispatchResult:
+    """Plan new commands, send what is due, record every outcome (module docstring)."""
+    result = DispatchResult()
+    base_url = public_url()
+    outbox = Outbox(outbox_path(paths))
+    try:
+        plan(paths, outbox, result, base_url)
+        record(paths, outbox, result)  # guards' outcomes first: they need no provider
+        send_due(paths, outbox, result, base_url, deliver_fn)
+        record(paths, outbox, result)
+    finally:
+        outbox.close()
+    return result

@@ -1,0 +1,303 @@
+"""The outbox: one row per send, keyed by a send id, in SQLite (`data/outbox.sqlite`, WAL,
+synchronous full) so that a replayed command, a re-run pass or two dispatchers send once.
+
+A send id is a hash of (the command's eventId, the channel, the recipient address or device
+token): planning a send twice inserts nothing the second time. States: `pending` -> `sending`
+-> `sent` | `skipped` | `failed`. `claim()` takes due rows under `BEGIN IMMEDIATE` (one writer at
+a time across processes) and gives each a lease; a dispatcher killed mid-send leaves its rows
+`sending` with a lease that expires, and the next claim takes them again with the same send id
+(so the same Message-ID / Idempotency-Key): a crash re-sends at most once.
+
+The database also keeps the dispatcher's cursor (the commands already planned), the addresses
+suppressed by hard bounces, and the device tokens providers said are gone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PENDING, SENDING, SENT, SKIPPED, FAILED = "pending", "sending", "sent", "skipped", "failed"
+FINAL = (SENT, SKIPPED, FAILED)
+LEASE_S = 60.0
+
+SCHEMA = """
+create table if not exists sends (
+    send_id text primary key,
+    command_event_id text not null,
+    account_id text not null,
+    channel text not null,
+    recipient text not null,
+    asset_id text not null,
+    status text not null,
+    reason text,
+    attempts integer not null default 0,
+    next_attempt_at real not null default 0,
+    lease_until real not null default 0,
+    last_error text,
+    provider_answer text,
+    payload text not null,
+    created_at real not null,
+    updated_at real not null,
+    recorded integer not null default 0
+);
+create index if not exists sends_due on sends (status, next_attempt_at);
+create index if not exists sends_command on sends (command_event_id);
+create table if not exists planned (
+    command_event_id text primary key,
+    planned_at real not null
+);
+create table if not exists suppressed_addresses (
+    account_id text not null,
+    channel text not null,
+    address text not null,
+    reason text not null,
+    since real not null,
+    primary key (account_id, channel, address)
+);
+create table if not exists disabled_tokens (
+    account_id text not null,
+    token text not null,
+    since real not null,
+    primary key (account_id, token)
+);
+"""
+
+
+def send_id(command_event_id: str, channel: str, recipient: str) -> str:
+    """The send's key: the same command, channel and recipient always give the same id."""
+    return hashlib.sha256(f"{command_event_id}\x1f{channel}\x1f{recipient}".encode()).hexdigest()[
+        :32
+    ]
+
+
+@dataclass(frozen=True)
+class Send:
+    send_id: str
+    command_event_id: str
+    account_id: str
+    channel: str
+    recipient: str
+    asset_id: str
+    status: str
+    reason: str | None
+    attempts: int
+    last_error: str | None
+    payload: dict[str, Any]
+    updated_at: float
+
+
+_COLUMNS = (
+    "send_id, command_event_id, account_id, channel, recipient, asset_id, status, reason,"
+    " attempts, last_error, payload, updated_at"
+)
+
+
+def _send(row: tuple[Any, ...]) -> Send:
+    return Send(*row[:10], json.loads(row[10]), row[11])  # type: ignore[arg-type, call-arg]
+
+
+class Outbox:
+    def __init__(self, path: Path, lease_s: float = LEASE_S) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.lease_s = lease_s
+        self._conn = sqlite3.connect(path, timeout=30, isolation_level=None)
+        self._conn.execute("pragma journal_mode=wal")
+        self._conn.execute("pragma synchronous=full")
+        self._conn.executescript(SCHEMA)
+        os.chmod(path, 0o600)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        self._conn.execute("begin immediate")
+        try:
+            yield self._conn
+        except BaseException:
+            self._conn.execute("rollback")
+            raise
+        self._conn.execute("commit")
+
+    # --- planning -----------------------------------------------------------------------------
+
+    def is_planned(self, command_event_id: str) -> bool:
+        row = self._conn.execute(
+            "select 1 from planned where command_event_id = ?", (command_event_id,)
+        ).fetchone()
+        return row is not None
+
+    def planned_among(self, command_event_ids: list[str]) -> set[str]:
+        out: set[str] = set()
+        for i in range(0, len(command_event_ids), 500):
+            chunk = command_event_ids[i : i + 500]
+            marks = ",".join("?" * len(chunk))
+            out.update(
+                r[0]
+                for r in self._conn.execute(
+                    f"select command_event_id from planned where command_event_id in ({marks})",
+                    chunk,
+                )
+            )
+        return out
+
+    def plan(self, command_event_id: str, sends: list[dict[str, Any]]) -> int:
+        """Insert a command's sends (each a dict of the sends columns) and mark the command
+        planned, in one transaction; a send already there stays as it is. Returns the rows
+        inserted."""
+        now = time.time()
+        inserted = 0
+        with self._tx() as conn:
+            if conn.execute(
+                "select 1 from planned where command_event_id = ?", (command_event_id,)
+            ).fetchone():
+                return 0
+            for s in sends:
+                cur = conn.execute(
+                    "insert or ignore into sends (send_id, command_event_id, account_id, channel,"
+                    " recipient, asset_id, status, reason, payload, created_at, updated_at)"
+                    " values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        s["send_id"],
+                        command_event_id,
+                        s["account_id"],
+                        s["channel"],
+                        s["recipient"],
+                        s["asset_id"],
+                        s.get("status", PENDING),
+                        s.get("reason"),
+                        json.dumps(s.get("payload", {})),
+                        now,
+                        now,
+                    ),
+                )
+                inserted += cur.rowcount
+            conn.execute(
+                "insert into planned (command_event_id, planned_at) values (?, ?)",
+                (command_event_id, now),
+            )
+        return inserted
+
+    # --- sending ------------------------------------------------------------------------------
+
+    def claim(self, limit: int = 100, now: float | None = None) -> list[Send]:
+        """Due sends, taken atomically: pending ones whose next attempt is due, and `sending`
+        ones whose lease expired (a dispatcher died mid-send). Each gets a lease and one more
+        attempt."""
+        now = time.time() if now is None else now
+        with self._tx() as conn:
+            rows = conn.execute(
+                f"select {_COLUMNS} from sends"
+                " where (status = ? and next_attempt_at <= ?) or (status = ? and lease_until < ?)"
+                " order by created_at limit ?",
+                (PENDING, now, SENDING, now, limit),
+            ).fetchall()
+            for r in rows:
+                conn.execute(
+                    "update sends set status = ?, lease_until = ?, attempts = attempts + 1,"
+                    " updated_at = ? where send_id = ?",
+                    (SENDING, now + self.lease_s, now, r[0]),
+                )
+        return [
+            Send(*r[:6], SENDING, r[7], r[8] + 1, r[9], json.loads(r[10]), now)  # type: ignore[arg-type, call-arg]
+            for r in rows
+        ]
+
+    def mark(
+        self,
+        send_id_: str,
+        status: str,
+        *,
+        reason: str | None = None,
+        answer: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        """A final state (sent, skipped, failed)."""
+        with self._tx() as conn:
+            conn.execute(
+                "update sends set status = ?, reason = ?, provider_answer = ?,"
+                " last_error = coalesce(?, last_error), lease_until = 0, updated_at = ?"
+                " where send_id = ?",
+                (status, reason, answer, error, time.time(), send_id_),
+            )
+
+    def retry_later(self, send_id_: str, error: str, delay_s: float) -> None:
+        with self._tx() as conn:
+            now = time.time()
+            conn.execute(
+                "update sends set status = ?, last_error = ?, next_attempt_at = ?,"
+                " lease_until = 0, updated_at = ? where send_id = ?",
+                (PENDING, error, now + delay_s, now, send_id_),
+            )
+
+    # --- outcome events -----------------------------------------------------------------------
+
+    def unrecorded(self) -> list[Send]:
+        """Final sends whose outcome event is not yet written."""
+        rows = self._conn.execute(
+            f"select {_COLUMNS} from sends where recorded = 0 and status in (?, ?, ?)", FINAL
+        ).fetchall()
+        return [_send(r) for r in rows]
+
+    def mark_recorded(self, send_ids: list[str]) -> None:
+        with self._tx() as conn:
+            conn.executemany(
+                "update sends set recorded = 1 where send_id = ?", [(s,) for s in send_ids]
+            )
+
+    # --- reads --------------------------------------------------------------------------------
+
+    def get(self, send_id_: str) -> Send | None:
+        row = self._conn.execute(
+            f"select {_COLUMNS} from sends where send_id = ?", (send_id_,)
+        ).fetchone()
+        return None if row is None else _send(row)
+
+    def sends_of(self, command_event_id: str) -> list[Send]:
+        rows = self._conn.execute(
+            f"select {_COLUMNS} from sends where command_event_id = ? order by send_id",
+            (command_event_id,),
+        ).fetchall()
+        return [_send(r) for r in rows]
+
+    # --- suppression --------------------------------------------------------------------------
+
+    def suppress(self, account_id: str, channel: str, address: str, reason: str) -> None:
+        with self._tx() as conn:
+            conn.execute(
+                "insert or ignore into suppressed_addresses values (?, ?, ?, ?, ?)",
+                (account_id, channel, address.lower(), reason, time.time()),
+            )
+
+    def is_suppressed(self, account_id: str, channel: str, address: str) -> bool:
+        row = self._conn.execute(
+            "select 1 from suppressed_addresses where account_id = ? and channel = ?"
+            " and address = ?",
+            (account_id, channel, address.lower()),
+        ).fetchone()
+        return row is not None
+
+    def disable_token(self, account_id: str, token: str) -> None:
+        with self._tx() as conn:
+            conn.execute(
+                "insert or ignore into disabled_tokens values (?, ?, ?)",
+                (account_id, token, time.time()),
+            )
+
+    def disabled_tokens(self, account_id: str) -> set[str]:
+        return {
+            r[0]
+            for r in self._conn.execute(
+                "select token from disabled_tokens where account_id = ?", (account_id,)
+            )
+        }
