@@ -312,7 +312,7 @@ def no_track_calls(user: str, anon: str) -> list[tuple[str, dict[str, Any], list
                 "batch": [
                     {**by_user, "type": "identify", "traits": {"plan": "pro"}},
                     {**by_anon, "type": "track", "event": "Viewed Item"},
-                    {**by_user, "type": "track", "event": "start_journey"},
+                    {**by_user, "type": "track", "event": "Send_Push", "assetId": "offer_push"},
                 ]
             },
             [True, False, True],
@@ -324,7 +324,11 @@ def no_track_calls(user: str, anon: str) -> list[tuple[str, dict[str, Any], list
         (f"{STD}/i", {**by_anon, "type": "identify", "userId": user, "traits": {}}, [False]),
         (f"{STD}/t", {**by_anon, "type": "track", "event": "Viewed Item"}, [False]),
         (f"{STD}/p", {**by_anon, "type": "page"}, [False]),
-        (f"{STD}/t", {**by_anon, "type": "track", "event": "send_sms", "assetId": "a"}, [True]),
+        (
+            f"{STD}/t",
+            {**by_anon, "type": "track", "event": "send_sms", "assetId": "reset_code"},
+            [True],
+        ),
         (
             f"{STD}/b",
             {

@@ -165,7 +165,10 @@ def test_no_track_drops_tracking_but_not_api_identify_or_commands_and_track_undo
     assert _id(srv.post("track", {"userId": N, "event": "Viewed"})) is None
     assert _id(srv.post("page", {"userId": N, "event": "page"})) is None
     assert _id(srv.post("identify", {"userId": N, "event": "identify", "traits": {}})) is not None
-    assert _id(srv.post("track", {"userId": N, "event": "send_email", "assetId": "a"})) is not None
+    assert (
+        _id(srv.post("track", {"userId": N, "event": "send_email", "assetId": "welcome"}))
+        is not None
+    )
     tag = httpx.post(
         f"{srv.url}/cdp/events/std/i",
         content=json.dumps(
