@@ -58,6 +58,17 @@ class Settings:
     # Fault injection for the fault tests: a regulation's run kills itself (SIGKILL) once the
     # step of this name has done its work, before Dagster records it ("" for none).
     fault_kill_at: str = ""
+    # The mail server email sends go to (`smtp://` or `smtps://`, optional `user:password@`,
+    # `?starttls=1`); `make run` points it at its local mailbox.
+    smtp_url: str = "smtp://127.0.0.1:1025"
+    # The base of the links in messages (pixel, click redirects, unsubscribe, preferences);
+    # "" for the server's own address, http://<host>:<port>.
+    public_url: str = ""
+
+    @property
+    def link_base(self) -> str:
+        """The base URL links in messages point at, without a trailing slash."""
+        return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
 
     def with_data_dir(self, data_dir: str | Path) -> Settings:
         return replace(self, data_dir=Path(data_dir).resolve())
@@ -87,4 +98,6 @@ def get_settings() -> Settings:
         dbt_in_process=_env("DBT_IN_PROCESS", "1") not in ("0", "false", "no"),
         compact_at_files=int(_env("COMPACT_AT_FILES", "8")),
         fault_kill_at=_env("FAULT_KILL_AT", ""),
+        smtp_url=_env("SMTP_URL", "smtp://127.0.0.1:1025"),
+        public_url=_env("PUBLIC_URL", ""),
     )

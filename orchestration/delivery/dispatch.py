@@ -91,14 +91,11 @@ def outbox_path(paths: DataPaths) -> Path:
 
 
 def public_url() -> str:
-    """The base URL links in messages point at (`MALLARD_PUBLIC_URL`, else the server's)."""
-    url = os.environ.get("MALLARD_PUBLIC_URL")
-    if url:
-        return url.rstrip("/")
+    """The base URL links in messages point at (settings: `MALLARD_PUBLIC_URL`, else the
+    server's own address)."""
     from mallard.settings import get_settings
 
-    s = get_settings()
-    return f"http://{s.host}:{s.port}"
+    return get_settings().link_base
 
 
 # --- outcome events -------------------------------------------------------------------------
@@ -511,8 +508,7 @@ def link_send(send: Send) -> dict[str, Any]:
 def smtp_url() -> str:
     from mallard.settings import get_settings
 
-    configured = getattr(get_settings(), "smtp_url", None)
-    return str(configured or os.environ.get("MALLARD_SMTP_URL", "smtp://127.0.0.1:1025"))
+    return get_settings().smtp_url
 
 
 def send_email_now(paths: DataPaths, send: Send, base_url: str) -> str:
