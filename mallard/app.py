@@ -174,6 +174,7 @@ def resume_regulations(store: RegulationStore, runs: RegulationRuns) -> None:
 
 def create_app(settings: Settings | None = None) -> Litestar:
     from api.email_links import ROUTES as EMAIL_ROUTES
+    from api.event_status import ROUTES as STATUS_ROUTES
     from api.middleware import add_freshness
     from api.preferences_routes import ROUTES as PREFERENCE_ROUTES
     from api.regulations import ROUTES as REGULATION_ROUTES
@@ -223,6 +224,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             *CLIENT_ROUTES,
             *TAG_ROUTES,
             *API_ROUTES,
+            *STATUS_ROUTES,
             *PREFERENCE_ROUTES,
             *EMAIL_ROUTES,
             *REGULATION_ROUTES,

@@ -18,9 +18,9 @@ from typing import Literal
 
 from orchestration.resources import LakeResource
 
-Work = Literal["pass", "compaction", "nightly maintenance"]
+Work = Literal["pass", "compaction", "dispatch", "nightly maintenance"]
 # What the watcher does itself, after each pass.
-WATCHER_RUNS: frozenset[Work] = frozenset({"pass", "compaction"})
+WATCHER_RUNS: frozenset[Work] = frozenset({"pass", "compaction", "dispatch"})
 
 
 def daemon_stands_back(lake: LakeResource, work: Work) -> str | None:

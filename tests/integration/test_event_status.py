@@ -1,0 +1,133 @@
+"""`GET {base}/events/{eventId}/status` and the Dagster `dispatch` job, on a real server, a
+`mallard pipeline run` and a loopback SMTP sink (tests/integration/test_dispatch.py's)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+from tests.conftest import REPO, Server, wait_landed
+from tests.integration.test_dispatch import sink  # noqa: F401 - the fixture
+
+UNKNOWN = "019ac2b0-5d1e-7000-8a3c-1f2e3d4c5b6a"
+
+
+def _post(server: Server, action: str, body: dict[str, Any]) -> str:
+    r = server.post(action, body)
+    assert r.status_code == 200, r.text
+    return str(r.json()["eventId"])
+
+
+def _status(server: Server, event_id: str) -> dict[str, Any]:
+    r = server.get(f"events/{event_id}/status")
+    assert r.status_code == 200, r.text
+    body: dict[str, Any] = r.json()
+    assert body["eventId"] == event_id
+    return body
+
+
+def test_status_unknown_received_processed(server_factory: Any) -> None:
+    server: Server = server_factory()
+    r = server.get(f"events/{UNKNOWN}/status")
+    assert r.status_code == 404
+    assert r.json()["error"]["code"] == "not_found"
+
+    event_id = _post(server, "track", {"userId": "u1", "event": "Page Viewed"})
+    first = _status(server, event_id)  # in the log or a landing file: not loaded yet
+    assert first == {"eventId": event_id, "status": "received", "errors": [], "sends": []}
+    wait_landed(server.data_dir, [event_id])
+    assert _status(server, event_id)["status"] == "received"
+
+    out = server.pipeline()
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert _status(server, event_id) == {
+        "eventId": event_id,
+        "status": "processed",
+        "errors": [],
+        "sends": [],
+    }
+    assert server.get(f"events/{UNKNOWN}/status").status_code == 404
+
+
+def test_command_status_lists_its_sends(server_factory: Any, sink: Any) -> None:  # noqa: F811
+    handler, _ = sink
+    server: Server = server_factory()
+    ids = [
+        _post(
+            server,
+            "identify",
+            {"userId": "u1", "event": "identify", "traits": {"email": "ann@example.com"}},
+        ),
+        _post(server, "track", {"userId": "u1", "event": "send_email", "assetId": "welcome"}),
+        _post(server, "track", {"anonymousId": "v-1", "event": "send_email", "assetId": "welcome"}),
+    ]
+    wait_landed(server.data_dir, ids)
+    server.pipeline()
+    assert len(handler.messages) == 1
+
+    sent = _status(server, ids[1])
+    assert sent["status"] == "processed" and sent["errors"] == []
+    [send] = sent["sends"]
+    assert send["channel"] == "email" and send["status"] == "sent" and send["reason"] is None
+    assert send["attempts"] == 1 and send["at"].endswith("Z") and len(send["sendId"]) == 32
+
+    failed = _status(server, ids[2])
+    assert failed["status"] == "failed"
+    assert [e["code"] for e in failed["errors"]] == ["customer_not_identified"]
+    [send] = failed["sends"]
+    assert (send["status"], send["reason"]) == ("failed", "customer_not_identified")
+
+    # An identify is no command: no sends.
+    assert _status(server, ids[0])["sends"] == []
+
+
+_RUN_JOB = """
+import sys
+from pathlib import Path
+import dagster as dg
+from mallard.paths import DataPaths
+from orchestration.defs import build_definitions
+
+paths = DataPaths(Path(sys.argv[1]))
+defs = build_definitions(paths.root)
+with dg.DagsterInstance.from_config(str(paths.dagster_home)) as instance:
+    for name in sys.argv[2:]:
+        result = defs.resolve_job_def(name).execute_in_process(instance=instance)
+        assert result.success, name
+        print(name, "ok")
+"""
+
+
+def _run_jobs(server: Server, *names: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", _RUN_JOB, str(server.data_dir), *names],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_dispatch_job_from_the_definitions(server_factory: Any, sink: Any) -> None:  # noqa: F811
+    handler, _ = sink
+    server: Server = server_factory()
+    ids = [
+        _post(
+            server,
+            "identify",
+            {"userId": "u1", "event": "identify", "traits": {"email": "ann@example.com"}},
+        ),
+        _post(server, "track", {"userId": "u1", "event": "send_email", "assetId": "welcome"}),
+    ]
+    wait_landed(server.data_dir, ids)
+    # The pipeline job as the daemon runs it: it loads and builds, it sends nothing itself.
+    _run_jobs(server, "pipeline")
+    assert handler.messages == []
+    assert _status(server, ids[1])["sends"] == []
+    # The dispatch job sends it; run again, it sends nothing twice.
+    _run_jobs(server, "dispatch", "dispatch")
+    assert len(handler.messages) == 1
+    [send] = _status(server, ids[1])["sends"]
+    assert send["status"] == "sent"
