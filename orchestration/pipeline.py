@@ -31,6 +31,8 @@ class StepResult:
 LAUNCHED_BY = "user"
 BY_HAND = "mallard pipeline run"
 BY_THE_WATCHER = "mallard pipeline run --watch"
+# A regulation's own passes (orchestration/regulations/job.py) are launched by "regulation <id>".
+BY_A_REGULATION = "regulation "
 
 
 def run_pipeline(data_dir: Path, launched_by: str = BY_HAND) -> list[StepResult]:
@@ -74,7 +76,27 @@ def run_pipeline(data_dir: Path, launched_by: str = BY_HAND) -> list[StepResult]
             ]
         if result.success:
             steps.append(dispatch_step(paths))
+    if not launched_by.startswith(BY_A_REGULATION):
+        steps += regulations_step(paths)
     return steps
+
+
+def regulations_step(paths: DataPaths) -> list[StepResult]:
+    """Carry unfinished regulations forward: start the run of each pending or running one whose
+    run is not live (one a killed server or run left behind)."""
+    from mallard.regulation_runs import RegulationRuns
+    from mallard.regulations import RegulationStore
+
+    if not paths.regulations_db.exists():
+        return []
+    store = RegulationStore(paths)
+    try:
+        started = RegulationRuns(paths).resume(store)
+    finally:
+        store.close()
+    return (
+        [StepResult("regulations", True, f"{len(started)} unfinished started")] if started else []
+    )
 
 
 def dispatch_step(paths: DataPaths) -> StepResult:

@@ -115,12 +115,12 @@ def _models_current(paths: DataPaths) -> bool:
 
 def _pass(paths: DataPaths, reg: Regulation, why: str) -> str:
     """A pass (recorded as a run of the pipeline job), unless the models are current."""
-    from orchestration.pipeline import run_pipeline
+    from orchestration.pipeline import BY_A_REGULATION, run_pipeline
 
     if _models_current(paths):
         return "the models are current: no pass needed"
 
-    steps = run_pipeline(paths.root, launched_by=f"regulation {reg.regulation_id} ({why})")
+    steps = run_pipeline(paths.root, launched_by=f"{BY_A_REGULATION}{reg.regulation_id} ({why})")
     failed = [s for s in steps if not s.ok]
     if failed:
         raise dg.Failure(f"the pass failed: {failed[0].name}: {failed[0].summary}")

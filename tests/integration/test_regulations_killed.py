@@ -1,4 +1,5 @@
-"""A Delete killed (SIGKILL) after each of its steps, run again each time, ends in the state an
+"""A Delete killed (SIGKILL) after each of its steps, run again each time (the last time by
+`mallard pipeline run`, which carries unfinished regulations forward), ends in the state an
 uninterrupted Delete of the same lake reaches: same marts, same landing files, nothing left of
 the subject, and the evidence of the attempts adds up to the uninterrupted one's."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 import secrets
 import shutil
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -79,7 +81,15 @@ def _delete(data: Path, kill_at: list[str]) -> dict[str, Any]:
         )
         assert out.returncode == -9, (step, out.returncode, out.stdout, out.stderr)
         assert store.get(reg.regulation_id).status == "running", step  # type: ignore[union-attr]
-    mallard("regulations", "run", reg.regulation_id, data_dir=data)
+    if kill_at:
+        # `mallard pipeline run` carries the unfinished regulation forward (a detached run).
+        mallard("pipeline", "run", data_dir=data)
+        deadline = time.monotonic() + 240
+        while store.get(reg.regulation_id).status == "running":  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, "not carried forward"
+            time.sleep(0.5)
+    else:
+        mallard("regulations", "run", reg.regulation_id, data_dir=data)
     done = store.get(reg.regulation_id)
     assert done is not None and done.status == "finished", done
     return done.evidence or {}
