@@ -2,12 +2,13 @@
 
 `mallard up` (what `make run` calls) starts a pipeline watcher (`mallard pipeline run --watch`):
 one warm process that runs a pass as soon as landing files appear and compacts the tables its
-passes fragmented, seconds sooner than a run the daemon launches in a new process. While it runs
-(it holds the watcher lock, `orchestration/locks.py`), the daemon's landing-files sensor,
-backstop schedule and compaction sensor start nothing, so no two processes build the same
-models. When no watcher runs (it was never started, or it ended), they do that work instead: a
-data dir served by the daemon alone (`dagster dev`, a deployment without `mallard up`) still
-gets its passes. Nightly maintenance is the daemon's either way: the watcher never runs it.
+passes fragmented and dispatches what they made due, seconds sooner than a run the daemon
+launches in a new process. While it runs (it holds the watcher lock, `orchestration/locks.py`),
+the daemon's landing-files sensor, backstop schedule, compaction sensor and dispatch sensor
+start nothing, so no two processes build the same models. When no watcher runs (it was never
+started, or it ended), they do that work instead: a data dir served by the daemon alone
+(`dagster dev`, a deployment without `mallard up`) still gets its passes and its sends.
+Nightly maintenance is the daemon's either way: the watcher never runs it.
 
 Every sensor and schedule asks `daemon_stands_back` first.
 """
