@@ -29,6 +29,7 @@ import hmac
 import json
 import logging
 import os
+import signal
 import time
 import tomllib
 import urllib.error
@@ -581,6 +582,15 @@ def plan(paths: DataPaths, outbox: Outbox, result: DispatchResult, base_url: str
         lake.close()
 
 
+def _fault(step: str) -> None:
+    """With MALLARD_FAULT_KILL_AT naming the step, the dispatcher kills itself here (SIGKILL),
+    as a crash would: `dispatch_after_send` is after the provider's answer, before the mark."""
+    from mallard.settings import get_settings
+
+    if get_settings().fault_kill_at == step:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def send_due(
     paths: DataPaths,
     outbox: Outbox,
@@ -613,6 +623,7 @@ def send_due(
                 log.exception("send %s failed", s.send_id)
                 outbox.mark(s.send_id, FAILED, reason="provider_error", error=str(e)[:500])
             else:
+                _fault("dispatch_after_send")
                 outbox.mark(s.send_id, SENT, answer=str(answer)[:500])
 
 
