@@ -107,15 +107,49 @@ with dg.DagsterInstance.from_config(str(paths.dagster_home)) as instance:
 """
 
 
-def _run_jobs(server: Server, *names: str) -> None:
+# The dispatch sensor evaluated on the last pipeline run's success, then again while a
+# watcher holds the lock; prints what each evaluation answered.
+_SENSOR = """
+import sys
+from pathlib import Path
+import dagster as dg
+from mallard.paths import DataPaths
+from orchestration.defs.delivery import dispatch_after_pass
+from orchestration.locks import watcher_lock
+from orchestration.resources import LakeResource
+
+paths = DataPaths(Path(sys.argv[1]))
+with dg.DagsterInstance.from_config(str(paths.dagster_home)) as instance:
+    [run] = instance.get_runs(filters=dg.RunsFilter(job_name="pipeline"), limit=1)
+    [success] = [
+        r.event_log_entry.dagster_event
+        for r in instance.get_records_for_run(run.run_id).records
+        if r.event_log_entry.dagster_event
+        and r.event_log_entry.dagster_event.event_type_value == "PIPELINE_SUCCESS"
+    ]
+    ctx = dg.build_run_status_sensor_context(
+        sensor_name="dispatch_after_pass",
+        dagster_event=success,
+        dagster_instance=instance,
+        dagster_run=run,
+        resources={"lake": LakeResource(data_dir=str(paths.root))},
+    )
+    print(type(dispatch_after_pass(ctx)).__name__)
+    with watcher_lock(paths):
+        print(type(dispatch_after_pass(ctx)).__name__)
+"""
+
+
+def _run_jobs(server: Server, *names: str, script: str = _RUN_JOB) -> str:
     out = subprocess.run(
-        [sys.executable, "-c", _RUN_JOB, str(server.data_dir), *names],
+        [sys.executable, "-c", script, str(server.data_dir), *names],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
 
 
 def test_dispatch_job_from_the_definitions(server_factory: Any, sink: Any) -> None:  # noqa: F811
@@ -134,6 +168,9 @@ def test_dispatch_job_from_the_definitions(server_factory: Any, sink: Any) -> No
     _run_jobs(server, "pipeline")
     assert handler.messages == []
     assert _status(server, ids[1])["sends"] == []
+    # Its success asks the sensor for a dispatch run, unless a watcher runs (it dispatches).
+    sensor = _run_jobs(server, script=_SENSOR).split()
+    assert sensor[-2:] == ["RunRequest", "SkipReason"], sensor
     # The dispatch job sends it; run again, it sends nothing twice.
     _run_jobs(server, "dispatch", "dispatch")
     assert len(handler.messages) == 1
