@@ -49,6 +49,17 @@ MAX_LANDING_FILES = 200
 # Log segments one request reads at most (each is a couple of seconds of one collector).
 MAX_SEGMENTS = 64
 
+# What a failed send's reason means, when the provider gave no error text of its own.
+REASONS = {
+    "customer_not_identified": "the command's customer has no userId",
+    "unknown_asset": "the command's assetId names no asset now",
+    "render_error": "the asset did not render for this customer",
+    "bounced": "the mail server refused the address",
+    "provider_error": "the provider refused the send",
+    "provider_unavailable": "the provider stayed unavailable through the retries",
+    "token_disabled": "the push provider said the device token is gone",
+}
+
 _encode = msgspec.json.Encoder().encode
 _decode_head = msgspec.json.Decoder(StoredHead)
 
@@ -229,7 +240,10 @@ def event_status(wh: Warehouse, account_id: str, event_id: str) -> EventStatus |
     if sends and all(s.status == FAILED for s in sends):
         status = FAILED
         errors = [
-            StatusError(s.reason or "failed", s.last_error or s.reason or "the send failed")
+            StatusError(
+                s.reason or "failed",
+                s.last_error or REASONS.get(s.reason or "", s.reason or "the send failed"),
+            )
             for s in sends
         ]
     return EventStatus(
