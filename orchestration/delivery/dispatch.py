@@ -266,9 +266,9 @@ class Lake:
 
     def device_tokens(self, customer_id: str) -> list[str]:
         rows = self.conn.execute(
-            "select distinct context ->> '$.device.token' as token"
-            " from lake.intermediate.int_messages_identified"
-            " where customer_id = ? and context ->> '$.device.token' is not null order by token",
+            "select distinct json_extract_string(context, '$.device.token') as token"
+            " from lake.intermediate.int_messages_identified where customer_id = ?"
+            " and json_extract_string(context, '$.device.token') is not null order by token",
             [customer_id],
         ).fetchall()
         return [r[0] for r in rows if r[0]]
