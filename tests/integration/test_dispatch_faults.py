@@ -143,6 +143,16 @@ def test_two_dispatchers_at_once_send_each_command_once(env: Env, tmp_path: Path
     assert {r[1] for r in rows} == {"sent"}
     assert sorted(f"<{r[0]}@mallard>" for r in rows) == sorted(got)
 
+    # Each send's outcome is one event, whichever dispatcher recorded it.
+    mallard("pipeline", "run", data_dir=env.server.data_dir, env={"MALLARD_SMTP_URL": env.smtp_url})
+    events = env.server.get("events/", params={"sort": "asc", "size": 100}).json()["data"]
+    sent = [
+        e["rawData"]["properties"]["commandEventId"]
+        for e in events
+        if e["eventAction"] == "email_sent"
+    ]
+    assert sorted(sent) == sorted(ids)
+
 
 def test_a_dispatcher_killed_after_the_provider_answered_resends_at_most_once(
     env: Env, tmp_path: Path
