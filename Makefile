@@ -11,7 +11,7 @@ export DO_NOT_TRACK := 1
 export DAGSTER_DISABLE_TELEMETRY := 1
 export MALLARD_DATA_DIR ?= $(CURDIR)/data
 
-.PHONY: help install test-deps run test test-fast lint format bench bench-full clean-data
+.PHONY: help install test-deps run test test-faults test-fast lint format bench bench-full clean-data
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -50,8 +50,12 @@ $(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package-lock.json
 
 test-deps: install $(CHROMIUM) $(NODE_DEPS) ## install what the tests need beyond .venv (chromium, node SDKs)
 
-test: test-deps ## run the whole test suite
+test: test-deps ## run the whole test suite (fault-injection variants: make test-faults)
 	$(VENV)/bin/python -m pytest
+	@echo "NOTE: the fault-injection variants (pytest -m faults) are not part of make test: run make test-faults"
+
+test-faults: test-deps ## the fault-injection variants: runs SIGKILLed mid-step, then run again
+	$(VENV)/bin/python -m pytest -m faults
 
 test-fast: install ## unit tests only
 	$(VENV)/bin/python -m pytest tests/unit

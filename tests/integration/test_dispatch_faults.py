@@ -22,7 +22,7 @@ from aiosmtpd.controller import Controller
 
 from tests.conftest import REPO, Server, free_port, init_data_dir, mallard, wait_landed
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
 N = 20
 

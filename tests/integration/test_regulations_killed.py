@@ -21,7 +21,7 @@ from mallard.regulations import RegulationStore
 from orchestration.warehouse import lake_connection
 from tests.conftest import Server, free_port, init_data_dir, mallard, wait_landed
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
 U = secrets.token_hex(4)
 SUBJECT, OTHER, ANON = f"killed-{U}", f"kept-{U}", f"anon-killed-{U}"
