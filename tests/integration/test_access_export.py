@@ -400,6 +400,7 @@ def test_rows_by_table_are_the_rows_a_delete_of_the_subject_removes(world: World
         "intermediate.int_trait_history",
         "state.customer_identifier_sightings",
         "marts.customer_profiles",
+        "marts.deliveries",
     }
     assert expected["raw.messages"] == len(world.sent[ALICE]) + 2  # + the first identify, prefs
 
@@ -415,7 +416,7 @@ def test_readme_names_the_channels_the_messages_came_through(world: World) -> No
     for source in ("`tag`", "`mobile`", "`http`", "`preferences`"):
         assert f"source {source}" in readme
     assert "userAgent" in readme  # a context key the tag message carried
-    assert "no deliveries table" in readme
+    assert "`deliveries.jsonl`" in readme
     for letter in "abcdefgh":
         assert f"## ({letter})" in readme
 
@@ -450,35 +451,30 @@ def test_a_deliveries_table_gives_deliveries_and_recipients(world: World, tmp_pa
     cid = _customer_id(world, ALICE)
     other = _customer_id(world, BOB)
     conn = lake_connection(world.paths)
+    rows = [("d-alice", cid, "email"), ("d-bob", other, "sms")]
     try:
-        conn.execute(
-            "create table lake.marts.deliveries (customer_id varchar, channel varchar,"
-            " provider varchar, asset_id varchar, sent_at timestamptz, payload json)"
-        )
-        conn.execute(
-            "insert into lake.marts.deliveries values"
-            " (?, 'email', 'smtp', 'welcome', '2025-01-02 03:04:05+00', '{\"subject\":\"Hi\"}'),"
-            " (?, 'sms', 'webhook', 'welcome', '2025-01-02 03:04:05+00', null)",
-            [cid, other],
+        conn.executemany(
+            "insert into lake.marts.deliveries (event_id, send_id, asset_id, send_type, outcome,"
+            " customer_id, event_time) values (?, 's-' || ?, 'welcome', ?, 'sent', ?,"
+            " '2025-01-02 03:04:05+00')",
+            [[e, e, t, c] for e, c, t in rows],
         )
         m = export_access(conn, world.subject, tmp_path / "d.zip", regulation_id="reg-d")
     finally:
-        conn.execute("drop table lake.marts.deliveries")
+        conn.execute("delete from lake.marts.deliveries where event_id in ('d-alice', 'd-bob')")
         conn.close()
     assert m["rows_by_table"]["marts.deliveries"] == 1
     with zipfile.ZipFile(tmp_path / "d.zip") as z:
         lines = z.read("deliveries.jsonl").decode().splitlines()
         readme = z.read("README.md").decode()
         csv = pl.read_csv(io.BytesIO(z.read("deliveries.csv")), infer_schema=False)
-    assert [json.loads(line) for line in lines] == [
-        {
-            "customerId": cid,
-            "channel": "email",
-            "provider": "smtp",
-            "assetId": "welcome",
-            "sentAt": "2025-01-02T03:04:05Z",
-            "payload": {"subject": "Hi"},
-        }
-    ]
-    assert csv.height == 1 and json.loads(csv["payload"][0]) == {"subject": "Hi"}
-    assert "deliver 1 message to you: `email`, `smtp`." in readme
+    (record,) = [json.loads(line) for line in lines]
+    assert (record["customerId"], record["sendType"], record["assetId"], record["outcome"]) == (
+        cid,
+        "email",
+        "welcome",
+        "sent",
+    )
+    assert record["eventTime"] == "2025-01-02T03:04:05Z"
+    assert csv.height == 1 and csv["sendId"][0] == "s-d-alice"
+    assert "deliver 1 message to you: `email`." in readme
