@@ -21,7 +21,7 @@ from pathlib import Path
 
 from bench.stats import RESULTS
 
-SCENARIOS = ("ingest", "pipeline", "read_api", "freshness", "regulations")
+SCENARIOS = ("ingest", "pipeline", "read_api", "freshness", "regulations", "delivery")
 # Scenarios over the benchmark lake (bench/lake.py): they take its size; pipeline builds it.
 # regulations works on a copy of it (its Delete rewrites files).
 LAKE_SCENARIOS = ("pipeline", "read_api", "freshness", "regulations")
