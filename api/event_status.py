@@ -53,12 +53,21 @@ MAX_SEGMENTS = 64
 REASONS = {
     "customer_not_identified": "the command's customer has no userId",
     "unknown_asset": "the command's assetId names no asset now",
+    "invalid_asset": "the command's asset does not load (`mallard assets check` says why)",
     "render_error": "the asset did not render for this customer",
     "bounced": "the mail server refused the address",
     "provider_error": "the provider refused the send",
     "provider_unavailable": "the provider stayed unavailable through the retries",
     "token_disabled": "the push provider said the device token is gone",
+    "no_address": "the customer has no address or device for the channel",
+    "preferences": "the customer's marketing preferences do not allow this send",
+    "suppressed": "the address bounced before and is suppressed",
 }
+
+
+def reason_text(reason: str | None, error: str | None) -> str:
+    """A send's error: the provider's own text, else what its reason means."""
+    return error or REASONS.get(reason or "", reason or "the send failed")
 
 _encode = msgspec.json.Encoder().encode
 _decode_head = msgspec.json.Decoder(StoredHead)
@@ -76,6 +85,7 @@ class SendStatus(msgspec.Struct):
     reason: str | None
     attempts: int
     at: str
+    error: str | None = None  # why, for a skipped or failed send
 
 
 class EventStatus(msgspec.Struct):
@@ -97,6 +107,7 @@ STATUS_EXAMPLE = {
             "reason": None,
             "attempts": 1,
             "at": "2026-11-26T21:04:05.120000Z",
+            "error": None,
         }
     ],
 }
@@ -240,10 +251,7 @@ def event_status(wh: Warehouse, account_id: str, event_id: str) -> EventStatus |
     if sends and all(s.status == FAILED for s in sends):
         status = FAILED
         errors = [
-            StatusError(
-                s.reason or "failed",
-                s.last_error or REASONS.get(s.reason or "", s.reason or "the send failed"),
-            )
+            StatusError(s.reason or "failed", reason_text(s.reason, s.last_error))
             for s in sends
         ]
     return EventStatus(
@@ -258,6 +266,7 @@ def event_status(wh: Warehouse, account_id: str, event_id: str) -> EventStatus |
                 s.reason,
                 s.attempts,
                 iso(datetime.fromtimestamp(s.updated_at, UTC)),
+                reason_text(s.reason, s.last_error) if s.reason else None,
             )
             for s in sends
         ],

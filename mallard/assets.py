@@ -37,6 +37,7 @@ __all__ = [
     "RenderError",
     "asset_channels",
     "load_assets",
+    "load_assets_and_errors",
     "render",
 ]
 
@@ -180,11 +181,20 @@ def _signature(config_dir: Path) -> tuple[Any, ...]:
 
 
 _cache_lock = threading.Lock()
-_cache: dict[Path, tuple[tuple[Any, ...], dict[str, Asset]]] = {}
+_cache: dict[Path, tuple[tuple[Any, ...], dict[str, Asset], dict[str, AssetError]]] = {}
 
 
 def load_assets(config_dir: Path) -> dict[str, Asset]:
-    """Every asset of the config dir by id; AssetError for the first that does not load.
+    """Every asset of the config dir by id; AssetError for the first that does not load."""
+    assets, broken = load_assets_and_errors(config_dir)
+    if broken:
+        raise next(iter(broken.values()))
+    return assets
+
+
+def load_assets_and_errors(config_dir: Path) -> tuple[dict[str, Asset], dict[str, AssetError]]:
+    """The assets that load by id, and the error of each that does not: one broken asset
+    fails its own sends, not every other asset's.
 
     Cached until a file under assets/ (or preferences.toml) changes."""
     config_dir = Path(config_dir).resolve()
@@ -192,17 +202,21 @@ def load_assets(config_dir: Path) -> dict[str, Asset]:
     with _cache_lock:
         hit = _cache.get(config_dir)
         if hit is not None and hit[0] == sig:
-            return dict(hit[1])
+            return dict(hit[1]), dict(hit[2])
     root = assets_dir(config_dir)
     categories = _categories(config_dir)
     assets: dict[str, Asset] = {}
+    broken: dict[str, AssetError] = {}
     if root.is_dir():
         for d in sorted(root.iterdir()):
             if d.is_dir() and not d.name.startswith("."):
-                assets[d.name] = load_asset(d.name, d, categories)
+                try:
+                    assets[d.name] = load_asset(d.name, d, categories)
+                except AssetError as e:
+                    broken[d.name] = e
     with _cache_lock:
-        _cache[config_dir] = (sig, assets)
-    return dict(assets)
+        _cache[config_dir] = (sig, assets, broken)
+    return dict(assets), dict(broken)
 
 
 def asset_channels(config_dir: Path) -> dict[str, str | None]:

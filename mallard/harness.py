@@ -129,7 +129,8 @@ class Server:
         self.stop(signal.SIGKILL)
 
     def pipeline(self) -> subprocess.CompletedProcess[str]:
-        return mallard("pipeline", "run", data_dir=self.data_dir)
+        """One `mallard pipeline run` with the server's settings (config dir, SMTP, ...)."""
+        return mallard("pipeline", "run", data_dir=self.data_dir, env=self.env)
 
     def post(self, action: str, body: Any, **kw: Any) -> httpx.Response:
         return httpx.post(

@@ -329,6 +329,7 @@ def plan_command(
     regulated: Regulated,
     assets: dict[str, Any],
     base_url: str,
+    broken: dict[str, Exception] | None = None,
 ) -> list[dict[str, Any]]:
     """The sends of one command, each in its first state (see the module docstring)."""
     channel = CHANNEL_OF.get(cmd.command)
@@ -339,6 +340,8 @@ def plan_command(
     if cmd.user_id is None:
         return [_send_row(cmd, channel, "", FAILED, "customer_not_identified")]
     asset = assets.get(cmd.asset_id or "")
+    if asset is None and (error := (broken or {}).get(cmd.asset_id or "")) is not None:
+        return [_send_row(cmd, channel, "", FAILED, "invalid_asset", error=str(error)[:500])]
     if asset is None:
         return [_send_row(cmd, channel, "", FAILED, "unknown_asset")]
     found = lake.customer(cmd.customer_id)
@@ -512,29 +515,34 @@ def smtp_url() -> str:
     return get_settings().smtp_url
 
 
-def send_email_now(paths: DataPaths, send: Send, base_url: str) -> str:
+def send_email_now(
+    paths: DataPaths,
+    send: Send,
+    base_url: str,
+    session: Any = None,
+    prepared: Any = None,
+) -> str:
+    """Sends one email: on `session` (a mail.SmtpSession kept across a batch) when given, else
+    on a connection of its own; `prepared` is the message `mail.compose` made for it, whose
+    links are stored already; without it the message is composed and its links stored here,
+    before it is sent."""
     from orchestration.delivery import email as mail
 
-    content = send.payload.get("content") or {}
-    html = content.get("html")
-    fields = link_send(send)
-    headers: dict[str, str] = {}
-    if html:
-        html, links = mail.track_links(html, base_url, paths, fields)
-        mail.store_links(paths, send.send_id, links)
-    if send.payload.get("marketing"):
-        headers.update(mail.unsubscribe_headers(base_url, mail.unsubscribe_token(paths, fields)))
-    email = mail.Email(
-        to=send.recipient,
-        sender=content.get("sender") or "mallard@localhost",
-        subject=content.get("subject") or "",
-        text=content.get("text") or "",
-        html=html,
-        message_id=f"<{send.send_id}@mallard>",
-        headers=headers,
-    )
+    if prepared is None:
+        prepared, links = mail.compose(
+            paths,
+            base_url,
+            link_send(send),
+            send.recipient,
+            send.payload.get("content") or {},
+            bool(send.payload.get("marketing")),
+        )
+        if links is not None:
+            mail.store_links(paths, send.send_id, links)
     try:
-        return mail.send_email(smtp_url(), email)
+        if session is not None:
+            return str(session.send(prepared))
+        return mail.send_email(smtp_url(), prepared)
     except mail.Bounced as e:
         raise Gone(f"{e.code} {e.message}") from e
     except mail.TryLater as e:
@@ -542,11 +550,17 @@ def send_email_now(paths: DataPaths, send: Send, base_url: str) -> str:
 
 
 def deliver(
-    paths: DataPaths, send: Send, providers: dict[str, dict[str, Any]], base_url: str
+    paths: DataPaths,
+    send: Send,
+    providers: dict[str, dict[str, Any]],
+    base_url: str,
+    session: Any = None,
+    prepared: Any = None,
 ) -> str:
-    """Hands one send to its channel's provider; the provider's answer."""
+    """Hands one send to its channel's provider; the provider's answer. `session` and
+    `prepared`: see send_email_now."""
     if send.channel == "email":
-        return send_email_now(paths, send, base_url)
+        return send_email_now(paths, send, base_url, session, prepared)
     url = providers.get(send.channel, {}).get("url")
     if url:
         return post_webhook(paths, str(url), send)
@@ -566,14 +580,16 @@ def plan(paths: DataPaths, outbox: Outbox, result: DispatchResult, base_url: str
         new = [i for i in ids if i not in done]
         if not new:
             return
-        from mallard.assets import load_assets
+        from mallard.assets import load_assets_and_errors
         from mallard.config import config_dir
 
-        assets = load_assets(config_dir())
+        assets, broken = load_assets_and_errors(config_dir())
+        for asset_id, error in broken.items():
+            log.error("asset %s does not load; its sends fail: %s", asset_id, error)
         regulated = Regulated(paths)
         try:
             for cmd in lake.commands(new):
-                rows = plan_command(cmd, lake, outbox, regulated, assets, base_url)
+                rows = plan_command(cmd, lake, outbox, regulated, assets, base_url, broken)
                 outbox.plan(cmd.event_id, rows)
                 result.planned += 1
         finally:
@@ -598,33 +614,89 @@ def send_due(
     base_url: str,
     deliver_fn: Any = deliver,
 ) -> None:
+    """Claims due sends, 100 at a time, and hands each to its provider.
+
+    With the default `deliver`, the emails of a claimed batch are composed first and their
+    links stored in one transaction (before any of them is sent), and they go out on one SMTP
+    connection kept for the whole call. Each send is marked only after its provider answered;
+    the `sent` marks are written together, when 50 wait or the oldest waits 0.5 s, before any
+    other mark and at the end of each batch: a crash between an answer and its mark leaves
+    those few sends `sending`, and their lease makes the next claim re-send each once, with
+    the same Message-ID, as it does for one."""
     from mallard.config import config_dir
+    from orchestration.delivery import email as mail
 
     providers = load_providers(config_dir())
-    while sends := outbox.claim(limit=100):
-        for s in sends:
-            try:
-                answer = deliver_fn(paths, s, providers, base_url)
-            except TryAgain as e:
-                if s.attempts >= MAX_ATTEMPTS:
-                    outbox.mark(s.send_id, FAILED, reason="provider_unavailable", error=str(e))
+    batched = deliver_fn is deliver
+    session = mail.SmtpSession(smtp_url()) if batched else None
+    sent: list[tuple[str, str, str | None, str | None, str | None]] = []
+    oldest = 0.0
+
+    def flush() -> None:
+        if sent:
+            outbox.mark_many(sent)
+            sent.clear()
+
+    try:
+        while sends := outbox.claim(limit=100):
+            prepared: dict[str, Any] = {}
+            if batched:
+                links: dict[str, list[str]] = {}
+                for s in sends:
+                    if s.channel != "email":
+                        continue
+                    email, urls = mail.compose(
+                        paths,
+                        base_url,
+                        link_send(s),
+                        s.recipient,
+                        s.payload.get("content") or {},
+                        bool(s.payload.get("marketing")),
+                    )
+                    prepared[s.send_id] = email
+                    if urls is not None:
+                        links[s.send_id] = urls
+                mail.store_links_many(paths, links)
+            for s in sends:
+                if sent and (len(sent) >= 50 or time.monotonic() - oldest >= 0.5):
+                    flush()
+                try:
+                    if batched:
+                        answer = deliver(
+                            paths, s, providers, base_url, session, prepared.get(s.send_id)
+                        )
+                    else:
+                        answer = deliver_fn(paths, s, providers, base_url)
+                except TryAgain as e:
+                    flush()
+                    if s.attempts >= MAX_ATTEMPTS:
+                        outbox.mark(s.send_id, FAILED, reason="provider_unavailable", error=str(e))
+                    else:
+                        delay = BACKOFF_S[min(s.attempts - 1, len(BACKOFF_S) - 1)]
+                        outbox.retry_later(s.send_id, str(e), delay)
+                        result.retrying += 1
+                except Gone as e:
+                    flush()
+                    if s.channel == "push":
+                        outbox.disable_token(s.account_id, s.recipient)
+                        outbox.mark(s.send_id, FAILED, reason="token_disabled", error=str(e))
+                    else:
+                        outbox.suppress(s.account_id, s.channel, s.recipient, "bounced")
+                        outbox.mark(s.send_id, FAILED, reason="bounced", error=str(e))
+                except Exception as e:  # a refused request, a broken payload: not retried
+                    flush()
+                    log.exception("send %s failed", s.send_id)
+                    outbox.mark(s.send_id, FAILED, reason="provider_error", error=str(e)[:500])
                 else:
-                    delay = BACKOFF_S[min(s.attempts - 1, len(BACKOFF_S) - 1)]
-                    outbox.retry_later(s.send_id, str(e), delay)
-                    result.retrying += 1
-            except Gone as e:
-                if s.channel == "push":
-                    outbox.disable_token(s.account_id, s.recipient)
-                    outbox.mark(s.send_id, FAILED, reason="token_disabled", error=str(e))
-                else:
-                    outbox.suppress(s.account_id, s.channel, s.recipient, "bounced")
-                    outbox.mark(s.send_id, FAILED, reason="bounced", error=str(e))
-            except Exception as e:  # a refused request, a broken payload: not retried
-                log.exception("send %s failed", s.send_id)
-                outbox.mark(s.send_id, FAILED, reason="provider_error", error=str(e)[:500])
-            else:
-                _fault("dispatch_after_send")
-                outbox.mark(s.send_id, SENT, answer=str(answer)[:500])
+                    _fault("dispatch_after_send")
+                    if not sent:
+                        oldest = time.monotonic()
+                    sent.append((s.send_id, SENT, None, str(answer)[:500], None))
+            flush()
+    finally:
+        flush()
+        if session is not None:
+            session.close()
 
 
 def record(paths: DataPaths, outbox: Outbox, result: DispatchResult) -> None:

@@ -48,19 +48,23 @@ class PrefsEnv:
 
 
 def start_prefs_env(
-    root: Path, users: dict[str, dict[str, Any]], env: dict[str, str] | None = None
+    root: Path,
+    users: dict[str, dict[str, Any]],
+    env: dict[str, str] | None = None,
+    port: int | None = None,
 ) -> Iterator[PrefsEnv]:
     """Start a server whose config has categories, identify `users` (userId -> traits), run
     the pipeline once, and read each customer's `_subscriptionId` from the profile API."""
     config = root / "config"
     config.mkdir()
     shutil.copy(REPO / "config" / "tenants.toml", config / "tenants.toml")
+    shutil.copytree(REPO / "config" / "assets", config / "assets")
     (config / "preferences.toml").write_text(PREFERENCES_TOML)
     data = root / "data"
     creds = init_data_dir(data)
     server = Server(
         data,
-        free_port(),
+        port or free_port(),
         creds,
         env={"MALLARD_ROLL_INTERVAL_S": "0.3", "MALLARD_CONFIG_DIR": str(config), **(env or {})},
     )

@@ -13,7 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from mallard.assets import Asset, AssetError, RenderError, load_assets, render
+from mallard.assets import (
+    Asset,
+    AssetError,
+    RenderError,
+    load_assets,
+    load_assets_and_errors,
+    render,
+)
 from mallard.commands import COMMANDS, CommandCatalog, command_of
 from mallard.config import REPO_CONFIG
 from mallard.errors import InvalidRequest
@@ -133,6 +140,15 @@ def test_bad_assets(config: Path, toml: str, files: dict[str, str], message: str
     with pytest.raises(AssetError, match=message) as e:
         load_assets(config)
     assert e.value.asset_id == "broken"
+
+
+def test_a_broken_asset_does_not_hide_the_others(config: Path) -> None:
+    write_asset(config, "broken", 'channel = "sms"\nkind = "transactional"', {})
+    assets, broken = load_assets_and_errors(config)
+    assert "welcome" in assets and "broken" not in assets
+    assert list(broken) == ["broken"] and "body.txt.ftl is missing" in str(broken["broken"])
+    with pytest.raises(AssetError, match="body.txt.ftl is missing"):
+        load_assets(config)
 
 
 def test_marketing_category_by_display_or_name(config: Path) -> None:
