@@ -34,6 +34,7 @@ import time
 import tomllib
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from html import escape
@@ -57,6 +58,8 @@ CHANNEL_OF = {
     "send_print": "print",
 }
 MAX_ATTEMPTS = 5
+# Commands planned per warehouse read and outbox transaction.
+PLAN_BATCH = 1000
 BACKOFF_S = (5.0, 30.0, 120.0, 600.0)
 HTTP_TIMEOUT_S = 10.0
 SIGNATURE_PURPOSE = "mallard webhook signature v1"
@@ -235,43 +238,57 @@ class Lake:
             for r in rows
         ]
 
-    def customer(self, customer_id: str) -> tuple[dict[str, Any], str | None] | None:
-        row = self.conn.execute(
-            "select traits, subscription_id from lake.marts.customers where customer_id = ?",
-            [customer_id],
-        ).fetchone()
-        if row is None:
-            return None
-        return (json.loads(row[0]) if row[0] else {}), row[1]
-
-    def preference_state(self, customer_id: str) -> dict[tuple[str, str], bool]:
+    def facts(self, customer_ids: list[str], push: list[str]) -> Facts:
+        """The customers' current traits and subscription ids, their preference states, and
+        the device tokens of those in `push`: three queries for a whole batch of commands."""
         from api.preferences import Change, latest, parse_time
 
-        row = self.conn.execute(
-            "select state from lake.marts.customer_preferences where customer_id = ?",
-            [customer_id],
-        ).fetchone()
-        changes = [
-            Change(
-                s["kind"],
-                s["key"],
-                bool(s["value"]),
-                parse_time(s["eventTime"]),
-                parse_time(s["receivedAt"]),
-                s["messageId"],
-            )
-            for s in (json.loads(row[0]) if row and row[0] else [])
-        ]
-        return latest(changes)
+        facts = Facts()
+        ids = sorted(set(customer_ids))
+        for cid, traits, sid in self.conn.execute(
+            "select customer_id, traits, subscription_id from lake.marts.customers"
+            " where customer_id in (select unnest(?))",
+            [ids],
+        ).fetchall():
+            facts.customers[cid] = (json.loads(traits) if traits else {}), sid
+        for cid, state in self.conn.execute(
+            "select customer_id, state from lake.marts.customer_preferences"
+            " where customer_id in (select unnest(?))",
+            [ids],
+        ).fetchall():
+            changes = [
+                Change(
+                    s["kind"],
+                    s["key"],
+                    bool(s["value"]),
+                    parse_time(s["eventTime"]),
+                    parse_time(s["receivedAt"]),
+                    s["messageId"],
+                )
+                for s in (json.loads(state) if state else [])
+            ]
+            facts.preferences[cid] = latest(changes)
+        if push:
+            for cid, token in self.conn.execute(
+                "select distinct customer_id, json_extract_string(context, '$.device.token') as t"
+                " from lake.intermediate.int_messages_identified"
+                " where customer_id in (select unnest(?))"
+                " and json_extract_string(context, '$.device.token') is not null"
+                " order by customer_id, t",
+                [sorted(set(push))],
+            ).fetchall():
+                if token:
+                    facts.tokens.setdefault(cid, []).append(token)
+        return facts
 
-    def device_tokens(self, customer_id: str) -> list[str]:
-        rows = self.conn.execute(
-            "select distinct json_extract_string(context, '$.device.token') as token"
-            " from lake.intermediate.int_messages_identified where customer_id = ?"
-            " and json_extract_string(context, '$.device.token') is not null order by token",
-            [customer_id],
-        ).fetchall()
-        return [r[0] for r in rows if r[0]]
+
+@dataclass
+class Facts:
+    """What planning knows of a batch's customers (Lake.facts), by customer id."""
+
+    customers: dict[str, tuple[dict[str, Any], str | None]] = field(default_factory=dict)
+    preferences: dict[str, dict[tuple[str, str], bool]] = field(default_factory=dict)
+    tokens: dict[str, list[str]] = field(default_factory=dict)
 
 
 class Regulated:
@@ -324,12 +341,12 @@ def _send_row(
 
 def plan_command(
     cmd: Command,
-    lake: Lake,
+    facts: Facts,
     outbox: Outbox,
     regulated: Regulated,
     assets: dict[str, Any],
     base_url: str,
-    broken: dict[str, Exception] | None = None,
+    broken: Mapping[str, Exception] | None = None,
 ) -> list[dict[str, Any]]:
     """The sends of one command, each in its first state (see the module docstring)."""
     channel = CHANNEL_OF.get(cmd.command)
@@ -344,8 +361,7 @@ def plan_command(
         return [_send_row(cmd, channel, "", FAILED, "invalid_asset", error=str(error)[:500])]
     if asset is None:
         return [_send_row(cmd, channel, "", FAILED, "unknown_asset")]
-    found = lake.customer(cmd.customer_id)
-    traits, subscription_id = found if found else ({}, None)
+    traits, subscription_id = facts.customers.get(cmd.customer_id, ({}, None))
     recipients: list[str]
     if channel == "email":
         recipients = [traits["email"]] if isinstance(traits.get("email"), str) else []
@@ -353,7 +369,7 @@ def plan_command(
         recipients = [traits["phone"]] if isinstance(traits.get("phone"), str) else []
     elif channel == "push":
         disabled = outbox.disabled_tokens(cmd.account_id)
-        recipients = [t for t in lake.device_tokens(cmd.customer_id) if t not in disabled]
+        recipients = [t for t in facts.tokens.get(cmd.customer_id, []) if t not in disabled]
     else:
         address = traits.get("address")
         recipients = [json.dumps(address, sort_keys=True)] if address else []
@@ -362,7 +378,7 @@ def plan_command(
     if asset.kind == "marketing":
         from api.preferences import allows_marketing
 
-        state = lake.preference_state(cmd.customer_id)
+        state = facts.preferences.get(cmd.customer_id, {})
         if not allows_marketing(state, channel, asset.category):
             return [_send_row(cmd, channel, r, SKIPPED, "preferences") for r in recipients]
     merge = dict(cmd.merge_data)
@@ -570,7 +586,7 @@ def deliver(
 # --- the dispatcher -------------------------------------------------------------------------
 
 
-def plan(paths: DataPaths, outbox: Outbox, result: DispatchResult, base_url: str) -> None:
+def plan(paths: DataPaths, outbox: Outbox, result: DispatchResult, url: str) -> None:
     lake = Lake(paths)
     try:
         if not lake.has("marts", "commands"):
@@ -588,10 +604,18 @@ def plan(paths: DataPaths, outbox: Outbox, result: DispatchResult, base_url: str
             log.error("asset %s does not load; its sends fail: %s", asset_id, error)
         regulated = Regulated(paths)
         try:
-            for cmd in lake.commands(new):
-                rows = plan_command(cmd, lake, outbox, regulated, assets, base_url, broken)
-                outbox.plan(cmd.event_id, rows)
-                result.planned += 1
+            for i in range(0, len(new), PLAN_BATCH):
+                commands = lake.commands(new[i : i + PLAN_BATCH])
+                facts = lake.facts(
+                    [c.customer_id for c in commands],
+                    [c.customer_id for c in commands if c.command == "send_push"],
+                )
+                planned = [
+                    (c.event_id, plan_command(c, facts, outbox, regulated, assets, url, broken))
+                    for c in commands
+                ]
+                outbox.plan_many(planned)
+                result.planned += len(planned)
         finally:
             regulated.close()
     finally:

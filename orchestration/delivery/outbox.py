@@ -155,37 +155,43 @@ class Outbox:
         """Insert a command's sends (each a dict of the sends columns) and mark the command
         planned, in one transaction; a send already there stays as it is. Returns the rows
         inserted."""
+        return self.plan_many([(command_event_id, sends)])
+
+    def plan_many(self, commands: list[tuple[str, list[dict[str, Any]]]]) -> int:
+        """`plan` for several commands in one transaction: each command's sends go in with
+        its mark, a command already planned (by another dispatcher) is left as it is."""
         now = time.time()
         inserted = 0
         with self._tx() as conn:
-            if conn.execute(
-                "select 1 from planned where command_event_id = ?", (command_event_id,)
-            ).fetchone():
-                return 0
-            for s in sends:
-                cur = conn.execute(
-                    "insert or ignore into sends (send_id, command_event_id, account_id, channel,"
-                    " recipient, asset_id, status, reason, payload, created_at, updated_at)"
-                    " values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        s["send_id"],
-                        command_event_id,
-                        s["account_id"],
-                        s["channel"],
-                        s["recipient"],
-                        s["asset_id"],
-                        s.get("status", PENDING),
-                        s.get("reason"),
-                        json.dumps(s.get("payload", {})),
-                        now,
-                        now,
-                    ),
+            for command_event_id, sends in commands:
+                if conn.execute(
+                    "select 1 from planned where command_event_id = ?", (command_event_id,)
+                ).fetchone():
+                    continue
+                for s in sends:
+                    cur = conn.execute(
+                        "insert or ignore into sends (send_id, command_event_id, account_id,"
+                        " channel, recipient, asset_id, status, reason, payload, created_at,"
+                        " updated_at) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (
+                            s["send_id"],
+                            command_event_id,
+                            s["account_id"],
+                            s["channel"],
+                            s["recipient"],
+                            s["asset_id"],
+                            s.get("status", PENDING),
+                            s.get("reason"),
+                            json.dumps(s.get("payload", {})),
+                            now,
+                            now,
+                        ),
+                    )
+                    inserted += cur.rowcount
+                conn.execute(
+                    "insert into planned (command_event_id, planned_at) values (?, ?)",
+                    (command_event_id, now),
                 )
-                inserted += cur.rowcount
-            conn.execute(
-                "insert into planned (command_event_id, planned_at) values (?, ?)",
-                (command_event_id, now),
-            )
         return inserted
 
     # --- sending ------------------------------------------------------------------------------
@@ -301,3 +307,18 @@ class Outbox:
                 "select token from disabled_tokens where account_id = ?", (account_id,)
             )
         }
+
+    def mark_many(self, marks: list[tuple[str, str, str | None, str | None, str | None]]) -> None:
+        """Final states of several sends in one transaction: (send_id, status, reason,
+        answer, error) each, as `mark` sets one."""
+        now = time.time()
+        with self._tx() as conn:
+            conn.executemany(
+                "update sends set status = ?, reason = ?, provider_answer = ?,"
+                " last_error = coalesce(?, last_error), lease_until = 0, updated_at = ?"
+                " where send_id = ?",
+                [
+                    (status, reason, answer, error, now, sid)
+                    for sid, status, reason, answer, error in marks
+                ],
+            )
