@@ -6,6 +6,8 @@ links each send carried.
   the message, so a re-send after a crash carries the same id. A permanent (5xx) refusal of the
   recipient or the message raises `Bounced`; a 4xx answer or a connection failure `TryLater`;
   a 5xx refusal that is about us (the sender, the login) `Rejected`, which suppresses nobody.
+  `SmtpSession` sends many messages on one connection with the same answers per message; the
+  dispatcher keeps one for a whole run of sends.
 - Tokens are `<payload>.<tag>`: the payload JSON, base64url, and 128 bits of HMAC-SHA256 under
   a key derived from the server secret. A changed byte makes `read_token` answer None.
 - `track_links` points every link of the HTML at `/cdp/email/c/<token>` and adds an open pixel.
@@ -146,21 +148,54 @@ def _refusal(code: int, message: bytes | str, permanent: type[SendError]) -> Sen
     return permanent(code, text) if code >= 500 else TryLater(code, text)
 
 
-def send_email(smtp_url: str, email: Email, timeout: float = 30) -> str:
-    """Send one message; the server's answer to the message (e.g. `250 OK queued as ...`)."""
-    target = parse_smtp_url(smtp_url)
-    sender = parseaddr(email.sender)[1] or email.sender
-    recipient = parseaddr(email.to)[1] or email.to
-    data = build_message(email).as_bytes()
-    try:
+class SmtpSession:
+    """One SMTP connection kept open across sends (as listmonk's pool keeps its connections):
+    a dispatch batch pays the connect, greeting, EHLO, STARTTLS and login once, not per send.
+    Each send is its own transaction (MAIL, RCPT, DATA) and raises as `send_email` does. A
+    refused transaction is reset (RSET) before the next one; a connection that failed is
+    dropped and the next send opens another. A send whose reused connection turns out closed
+    (a disconnect or 421 before DATA was sent: the server has not taken the message) is tried
+    once more on a new connection; a failure once DATA is under way is TryLater, as for a
+    single send, since the message may have arrived (a re-send carries the same Message-ID).
+    """
+
+    def __init__(self, smtp_url: str, timeout: float = 30) -> None:
+        self.target = parse_smtp_url(smtp_url)
+        self.timeout = timeout
+        self._smtp: smtplib.SMTP | None = None
+
+    def __enter__(self) -> SmtpSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        smtp, self._smtp = self._smtp, None
+        if smtp is not None:
+            try:
+                smtp.quit()
+            except (smtplib.SMTPException, OSError):
+                smtp.close()
+
+    def _drop(self) -> None:
+        smtp, self._smtp = self._smtp, None
+        if smtp is not None:
+            smtp.close()
+
+    def _open(self) -> smtplib.SMTP:
+        target = self.target
         smtp: smtplib.SMTP
         if target.tls:
             smtp = smtplib.SMTP_SSL(
-                target.host, target.port, timeout=timeout, context=ssl.create_default_context()
+                target.host,
+                target.port,
+                timeout=self.timeout,
+                context=ssl.create_default_context(),
             )
         else:
-            smtp = smtplib.SMTP(target.host, target.port, timeout=timeout)
-        with smtp:
+            smtp = smtplib.SMTP(target.host, target.port, timeout=self.timeout)
+        try:
             smtp.ehlo_or_helo_if_needed()
             if target.starttls:
                 smtp.starttls(context=ssl.create_default_context())
@@ -170,25 +205,106 @@ def send_email(smtp_url: str, email: Email, timeout: float = 30) -> str:
                     smtp.login(target.user, target.password or "")
                 except smtplib.SMTPAuthenticationError as e:
                     raise _refusal(e.smtp_code, e.smtp_error, Rejected) from e
-            code, answer = smtp.mail(sender)
-            if code != 250:
-                raise _refusal(code, answer, Rejected)
-            code, answer = smtp.rcpt(recipient)
-            if code not in (250, 251):
-                raise _refusal(code, answer, Bounced)
+        except BaseException:
+            smtp.close()
+            raise
+        return smtp
+
+    def send(self, email: Email) -> str:
+        """Send one message; the server's answer to it (e.g. `250 OK queued as ...`)."""
+        sender = parseaddr(email.sender)[1] or email.sender
+        recipient = parseaddr(email.to)[1] or email.to
+        data = build_message(email).as_bytes()
+        for fresh in (self._smtp is None, True):
             try:
-                code, answer = smtp.data(data)
-            except smtplib.SMTPDataError as e:
-                raise _refusal(e.smtp_code, e.smtp_error, Bounced) from e
-            if code != 250:
-                raise _refusal(code, answer, Bounced)
-            return f"{code} {answer.decode(errors='replace')}"
-    except SendError:
-        raise
-    except smtplib.SMTPResponseException as e:
-        raise _refusal(e.smtp_code, e.smtp_error, Rejected) from e
-    except (smtplib.SMTPException, OSError) as e:
-        raise TryLater(None, f"{type(e).__name__}: {e}") from e
+                if self._smtp is None:
+                    self._smtp = self._open()
+                return self._transaction(self._smtp, sender, recipient, data)
+            except _Stale as e:
+                self._drop()
+                if fresh:
+                    raise TryLater(e.code, e.message) from e
+            except SendError:
+                self._reset()
+                raise
+            except smtplib.SMTPResponseException as e:
+                self._drop()
+                raise _refusal(e.smtp_code, e.smtp_error, Rejected) from e
+            except (smtplib.SMTPException, OSError) as e:
+                self._drop()
+                raise TryLater(None, f"{type(e).__name__}: {e}") from e
+        raise AssertionError("unreachable")  # the second round runs on a fresh connection
+
+    def _reset(self) -> None:
+        """After a refused transaction: RSET, or drop the connection when that fails."""
+        if self._smtp is None:
+            return
+        try:
+            code, _ = self._smtp.rset()
+        except (smtplib.SMTPException, OSError):
+            code = 0
+        if code != 250:
+            self._drop()
+
+    @staticmethod
+    def _transaction(smtp: smtplib.SMTP, sender: str, recipient: str, data: bytes) -> str:
+        try:
+            code, answer = smtp.mail(sender)
+        except (smtplib.SMTPServerDisconnected, ConnectionError) as e:
+            raise _Stale(None, f"{type(e).__name__}: {e}") from e
+        if code == 421:  # the server closes this connection: nothing of the message was sent
+            raise _Stale(code, answer.decode(errors="replace"))
+        if code != 250:
+            raise _refusal(code, answer, Rejected)
+        code, answer = smtp.rcpt(recipient)
+        if code not in (250, 251):
+            raise _refusal(code, answer, Bounced)
+        try:
+            code, answer = smtp.data(data)
+        except smtplib.SMTPDataError as e:
+            raise _refusal(e.smtp_code, e.smtp_error, Bounced) from e
+        if code != 250:
+            raise _refusal(code, answer, Bounced)
+        return f"{code} {answer.decode(errors='replace')}"
+
+
+class _Stale(SendError):
+    """The connection was closed before the message's transaction began."""
+
+
+def send_email(smtp_url: str, email: Email, timeout: float = 30) -> str:
+    """Send one message on a connection of its own; the server's answer to the message (e.g.
+    `250 OK queued as ...`)."""
+    with SmtpSession(smtp_url, timeout) as session:
+        return session.send(email)
+
+
+def compose(
+    paths: DataPaths,
+    base_url: str,
+    send: dict[str, Any],
+    to: str,
+    content: dict[str, Any],
+    marketing: bool,
+) -> tuple[Email, list[str] | None]:
+    """A send's message from its rendered content: links tracked and the open pixel added
+    (`track_links`), one-click unsubscribe headers on marketing mail, Message-ID
+    `<sendId@mallard>`. Also the links to store before it is sent (None without HTML)."""
+    html = content.get("html")
+    links = None
+    if html:
+        html, links = track_links(html, base_url, paths, send)
+    headers = unsubscribe_headers(base_url, unsubscribe_token(paths, send)) if marketing else {}
+    email = Email(
+        to=to,
+        sender=content.get("sender") or "mallard@localhost",
+        subject=content.get("subject") or "",
+        text=content.get("text") or "",
+        html=html,
+        message_id=f"<{send['sendId']}@mallard>",
+        headers=headers,
+    )
+    return email, links
 
 
 def unsubscribe_headers(base_url: str, token: str) -> dict[str, str]:
@@ -328,13 +444,20 @@ def _connect(paths: DataPaths) -> sqlite3.Connection:
 
 def store_links(paths: DataPaths, send_id: str, links: list[str]) -> None:
     """Keep the links of a send (before it is sent): a re-render replaces them."""
+    store_links_many(paths, {send_id: links})
+
+
+def store_links_many(paths: DataPaths, links: dict[str, list[str]]) -> None:
+    """Keep the links of several sends (before any of them is sent) in one transaction."""
+    if not links:
+        return
     with closing(_connect(paths)) as db:
         db.execute("begin immediate")
         try:
-            db.execute("delete from email_links where send_id = ?", [send_id])
+            db.executemany("delete from email_links where send_id = ?", [(sid,) for sid in links])
             db.executemany(
                 "insert into email_links (send_id, idx, url) values (?, ?, ?)",
-                [(send_id, i, url) for i, url in enumerate(links)],
+                [(sid, i, url) for sid, urls in links.items() for i, url in enumerate(urls)],
             )
             db.execute("commit")
         except BaseException:
