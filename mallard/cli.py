@@ -221,6 +221,19 @@ def cmd_assets(args: argparse.Namespace) -> int:
     return 0 if all(r.ok for r in results) else 1
 
 
+def cmd_journeys_check(args: argparse.Namespace) -> int:
+    from mallard.config import config_dir
+    from mallard.journeys import check_journeys, journeys_dir
+
+    directory = Path(args.config_dir) if args.config_dir else config_dir()
+    results = check_journeys(directory)
+    for r in results:
+        print(r.line)
+    if not results:
+        print(f"no journeys under {journeys_dir(directory)}")
+    return 0 if all(r.ok for r in results) else 1
+
+
 def cmd_writekeys(args: argparse.Namespace) -> int:
     control = ControlStore(_paths(args).control_db)
     if args.writekeys_cmd == "list":
@@ -476,6 +489,13 @@ def build_parser() -> argparse.ArgumentParser:
     c = a.add_parser("check", help="load and render every asset with its sample data")
     c.add_argument("--config-dir", help="config directory (default: $MALLARD_CONFIG_DIR)")
     s.set_defaults(fn=cmd_assets)
+
+    # Each `journeys` subcommand sets its own fn.
+    s = sub.add_parser("journeys", help="journeys (config/journeys/<journeyId>.toml)")
+    j = s.add_subparsers(dest="journeys_cmd", required=True)
+    c = j.add_parser("check", help="load and validate every journey")
+    c.add_argument("--config-dir", help="config directory (default: $MALLARD_CONFIG_DIR)")
+    c.set_defaults(fn=cmd_journeys_check)
 
     s = sub.add_parser("writekeys", help="writeKeys for the tag and mobile endpoints")
     w = s.add_subparsers(dest="writekeys_cmd", required=True)

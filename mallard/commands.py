@@ -3,7 +3,8 @@
 The one definition of the command names, used by the collector's admission and validation and
 by the dispatcher, and the collector's check of a command against the assets and journeys of
 the config dir (`CommandCatalog`: asset ids and channels read from the asset.toml files, journey
-ids from `journeys/*.toml`, re-read when they change, looked at most once a second).
+ids and their step ids from `journeys/*.toml`, re-read when they change, looked at most once a
+second).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,21 @@ class Snapshot:
     signature: tuple[Any, ...]
     assets: dict[str, str | None]  # assetId -> channel (None: its asset.toml does not load)
     journeys: frozenset[str]
+    # journeyId -> its step ids, as its file lists them (empty when the file does not parse:
+    # the journey is still known, and `mallard journeys check` says what is wrong)
+    steps: dict[str, frozenset[str]]
+
+
+def _step_ids(path: Path) -> frozenset[str]:
+    """The step ids a journey file lists; no full validation (mallard.journeys does that)."""
+    try:
+        doc = tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return frozenset()
+    steps = doc.get("steps")
+    if not isinstance(steps, list):
+        return frozenset()
+    return frozenset(s["id"] for s in steps if isinstance(s, dict) and isinstance(s.get("id"), str))
 
 
 def _stat(path: Path) -> tuple[int, int] | None:
@@ -71,6 +88,9 @@ class CommandCatalog:
         if assets.is_dir():
             for d in sorted(assets.iterdir()):
                 sig.append((d.name, _stat(d / "asset.toml")))
+        if journeys.is_dir():
+            for f in sorted(journeys.glob("*.toml")):
+                sig.append((f.name, _stat(f)))
         return tuple(sig)
 
     def refresh(self, force: bool = False) -> Snapshot:
@@ -84,18 +104,15 @@ class CommandCatalog:
             sig = self._signature(root)
             if self._snapshot is None or self._snapshot.signature != sig:
                 journeys_dir = root / "journeys"
-                journeys = (
-                    frozenset(p.stem for p in journeys_dir.glob("*.toml"))
-                    if journeys_dir.is_dir()
-                    else frozenset()
-                )
-                self._snapshot = Snapshot(sig, asset_channels(root), journeys)
+                files = sorted(journeys_dir.glob("*.toml")) if journeys_dir.is_dir() else []
+                steps = {p.stem: _step_ids(p) for p in files}
+                self._snapshot = Snapshot(sig, asset_channels(root), frozenset(steps), steps)
             self._checked = now
             return self._snapshot
 
     def check(self, command: str, msg: dict[str, Any], where: str = "") -> None:
         """InvalidRequest naming the field unless the command names a known asset of its
-        channel, or a known journey."""
+        channel, or a known journey (and, when it names one, a step of it)."""
         snap = self.refresh()
         if command == START_JOURNEY:
             props = msg.get("properties")
@@ -108,6 +125,18 @@ class CommandCatalog:
                 raise InvalidRequest(
                     f'{where}"properties.journeyIdToTrigger": unknown journey {journey!r}'
                 )
+            if isinstance(props, dict) and "stepIdToTrigger" in props:
+                step = props["stepIdToTrigger"]
+                if not isinstance(step, str) or not step:
+                    raise InvalidRequest(
+                        f'{where}"properties.stepIdToTrigger" must be a step id of journey '
+                        f"{journey!r}"
+                    )
+                if step not in snap.steps.get(journey, frozenset()):
+                    raise InvalidRequest(
+                        f'{where}"properties.stepIdToTrigger": unknown step {step!r} of '
+                        f"journey {journey!r}"
+                    )
             return
         asset_id = msg.get("assetId")
         if not isinstance(asset_id, str) or not asset_id:

@@ -1,6 +1,7 @@
 """Commands at ingestion on a real `mallard serve`: a send_* needs a known assetId of its
-channel and start_journey a known journey, on every route, in any case; the config dir is
-`$MALLARD_CONFIG_DIR` (a copy of the repository's config/), re-read when it changes."""
+channel and start_journey a known journey (and a step of it when stepIdToTrigger names one), on
+every route, in any case; the config dir is `$MALLARD_CONFIG_DIR` (a copy of the repository's
+config/), re-read when it changes."""
 
 from __future__ import annotations
 
@@ -55,6 +56,16 @@ def test_valid_commands_are_accepted_in_any_case(srv: Server) -> None:
         {**USER, "event": "send_push", "assetId": "offer_push"},
         {**USER, "event": "SEND_PRINT", "assetId": "letter"},
         {**USER, "event": "start_journey", "properties": {"journeyIdToTrigger": "onboarding"}},
+        {
+            **USER,
+            "event": "start_journey",
+            "properties": {"journeyIdToTrigger": "welcome_series"},
+        },
+        {
+            **USER,
+            "event": "Start_Journey",
+            "properties": {"journeyIdToTrigger": "welcome_series", "stepIdToTrigger": "nudge"},
+        },
     ):
         r = srv.post("track", body)
         assert r.status_code == 200, (body, r.text)
@@ -90,6 +101,29 @@ def test_invalid_commands_get_400_naming_the_field(srv: Server) -> None:
         ),
         '"properties.journeyIdToTrigger"',
         "unknown journey 'x'",
+    )
+    rejected(
+        srv.post(
+            "track",
+            {
+                **USER,
+                "event": "start_journey",
+                "properties": {"journeyIdToTrigger": "welcome_series", "stepIdToTrigger": "x"},
+            },
+        ),
+        '"properties.stepIdToTrigger"',
+        "unknown step 'x' of journey 'welcome_series'",
+    )
+    rejected(
+        srv.post(
+            "track",
+            {
+                **USER,
+                "event": "start_journey",
+                "properties": {"journeyIdToTrigger": "welcome_series", "stepIdToTrigger": 1},
+            },
+        ),
+        '"properties.stepIdToTrigger"',
     )
 
 

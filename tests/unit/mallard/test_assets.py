@@ -43,7 +43,13 @@ def sample(config: Path, asset_id: str) -> dict[str, object]:
 
 def test_repository_assets_load(config: Path) -> None:
     assets = load_assets(config)
-    assert {"welcome", "newsletter", "reset_code", "offer_push", "letter"} <= set(assets)
+    assert {"welcome", "newsletter", "reset_code", "offer_push", "letter", "reminder"} <= set(
+        assets
+    )
+    assert (assets["reminder"].kind, assets["reminder"].category) == (
+        "marketing",
+        "product_updates",
+    )
     welcome = assets["welcome"]
     assert (welcome.channel, welcome.kind, welcome.category) == ("email", "transactional", None)
     assert welcome.sender and welcome.subject
@@ -253,7 +259,7 @@ def test_assets_check_cli(config: Path) -> None:
     done = run_check(config)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
-    assert len(lines) == 5
+    assert len(lines) == 6
     assert all(line.startswith("ok") for line in lines)
     assert any("newsletter" in line and "3 links" in line for line in lines)
     # No sample.json: the built-in sample customer is used.
@@ -265,7 +271,7 @@ def test_assets_check_cli(config: Path) -> None:
     done = run_check(config)
     assert done.returncode == 1
     lines = done.stdout.splitlines()
-    assert len(lines) == 6
+    assert len(lines) == 7
     bad = [line for line in lines if line.startswith("FAIL")]
     assert len(bad) == 2
     assert "reset_code/body.txt.ftl line 2: code is missing" in bad[0]
