@@ -67,6 +67,14 @@ DERIVED = {
         " metadata in profile.json)"
     ),
     "marts.duplicates": "messageIds received more than once, with counts and times",
+    "marts.journey_steps": (
+        "each step of an automated message sequence (journey) you entered, from the"
+        " journey_step_entered events in events.jsonl"
+    ),
+    "marts.journey_instances": (
+        "each journey you were in: where you are in it or how it ended, from the journey_*"
+        " events in events.jsonl"
+    ),
 }
 # The endpoint families a message can come in through (raw.messages `source`).
 SOURCES = {

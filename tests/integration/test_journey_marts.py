@@ -19,6 +19,8 @@ import pytest
 from mallard.harness import Server, free_port, init_data_dir
 from mallard.paths import DataPaths
 from mallard.warehouse import connect
+from orchestration.regulations import subjects
+from orchestration.regulations.access import DERIVED
 from tests.conftest import wait_landed
 
 pytestmark = pytest.mark.integration
@@ -246,3 +248,14 @@ def test_an_exit_in_a_later_pass_recomputes_the_instance_from_all_its_events(
         ("inst-b", "loop_demo", "bob", "cmd-b", T0, "check", "check", T2, "active",
          None, None, 3),
     ]  # fmt: skip
+
+
+def test_a_delete_and_an_access_export_select_the_customers_journey_rows(world: World) -> None:
+    conn = connect(DataPaths(world.server.data_dir), read_only=True)
+    try:
+        subject = subjects.resolve(conn, world.server.creds["accountId"], ["ann"])
+        sels = {s.name: s for s in subjects.selections(conn, subject)}
+        counts = {t: subjects.count(conn, sels[t]) for t in DERIVED if "journey" in t}
+    finally:
+        conn.close()
+    assert counts == {"marts.journey_steps": 4, "marts.journey_instances": 1}
