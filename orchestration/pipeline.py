@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +30,7 @@ class StepResult:
 # The Dagster UI's "Launched by" column shows a run's `user` tag (a run without it, a sensor's or
 # a schedule's is "Manually launched"), so a run says which command started it.
 LAUNCHED_BY = "user"
+log = logging.getLogger(__name__)
 BY_HAND = "mallard pipeline run"
 BY_THE_WATCHER = "mallard pipeline run --watch"
 # A regulation's own passes (orchestration/regulations/job.py) are launched by "regulation <id>".
@@ -194,8 +196,9 @@ def watch_pipeline(
     recorded in the Dagster instance, launched by `BY_THE_WATCHER`. A failed pass is
     retried after retry_s, or sooner when new files land. Holds the watcher lock throughout:
     while it runs, the daemon's sensors and schedule leave passes to it (raises WatcherRunning
-    if another watcher of the data dir runs; see orchestration/defs/scheduling.py). Returns the
-    number of passes."""
+    if another watcher of the data dir runs; see orchestration/defs/scheduling.py). Between
+    passes, it dispatches when a journey's wait or timeout or a send's retry falls due, so
+    those wake within poll_s, not at the next pass. Returns the number of passes."""
     from orchestration.load import landed_since, landing_mark
     from orchestration.locks import watcher_lock
 
@@ -217,8 +220,22 @@ def watch_pipeline(
                 elif not all(step.ok for step in steps):
                     again_at = time.monotonic() + retry_s
                 continue
+            if dispatch_due_now(paths):
+                report([dispatch_step(paths)])
             stop.wait(poll_s)
     return passes
+
+
+def dispatch_due_now(paths: DataPaths) -> bool:
+    """Whether a journey's wait or timeout or a send's retry is due, between passes."""
+    from orchestration.delivery.dispatch import next_due
+
+    try:
+        due = next_due(paths)
+    except Exception:  # the outbox unreadable now: the next pass's dispatch reports it
+        log.exception("could not read when the dispatcher is next due")
+        return False
+    return due is not None and due <= 0
 
 
 def warm_up(data_dir: Path) -> None:

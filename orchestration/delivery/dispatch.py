@@ -37,6 +37,7 @@ import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,9 @@ CHANNEL_OF = {
 MAX_ATTEMPTS = 5
 # Commands planned per warehouse read and outbox transaction.
 PLAN_BATCH = 1000
+# Journey instances moved per warehouse read and outbox transaction.
+JOURNEY_BATCH = 2000
+START_JOURNEY = "start_journey"
 BACKOFF_S = (5.0, 30.0, 120.0, 600.0)
 HTTP_TIMEOUT_S = 10.0
 SIGNATURE_PURPOSE = "mallard webhook signature v1"
@@ -73,12 +77,21 @@ class DispatchResult:
     failed: int = 0
     retrying: int = 0
     recorded: int = 0
+    entered: int = 0  # journey instances started
+    moved: int = 0  # journey steps entered
+    exited: int = 0  # journey instances ended
     errors: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
+        journeys = (
+            f", journeys: {self.entered} entered, {self.moved} steps, {self.exited} exited"
+            if self.entered or self.moved or self.exited
+            else ""
+        )
         return (
             f"{self.planned} commands planned, {self.sent} sent, {self.skipped} skipped,"
             f" {self.failed} failed, {self.retrying} to retry, {self.recorded} outcomes recorded"
+            + journeys
         )
 
 
@@ -149,6 +162,7 @@ def outcome_message(send: Send, received: datetime) -> dict[str, Any]:
         "sendId": send.send_id,
         "commandEventId": send.command_event_id,
     }
+    props.update(p.get("journey") or {})  # a journey's send: journeyId, instanceId, stepId
     if send.status in (SKIPPED, FAILED):
         props["reason"] = send.reason
         if send.last_error:
@@ -168,6 +182,34 @@ def outcome_message(send: Send, received: datetime) -> dict[str, Any]:
         "track",
         msg,
         tenant,
+        channel="server",
+        source=DISPATCH_COLLECTOR,
+        received=received,
+        request_ip=None,
+    )
+
+
+def journey_message(row: tuple[Any, ...], received: datetime) -> dict[str, Any]:
+    """A journey event (journeys.unrecorded's row) as a stored track message; its time is the
+    journeys' clock's at the transition."""
+    from mallard import clock
+
+    key, event, props, at, client_id, account_id, brand_id, user_id, anonymous_id, cmd = row
+    msg: dict[str, Any] = {
+        "event": event,
+        "properties": json.loads(props),
+        "messageId": "journey:" + hashlib.sha256(key.encode()).hexdigest()[:32],
+        "timestamp": clock.iso(at),
+        "context": {"library": {"name": "mallard-dispatch"}},
+    }
+    if user_id:
+        msg["userId"] = user_id
+    else:
+        msg["anonymousId"] = anonymous_id or cmd
+    return stamp(
+        "track",
+        msg,
+        Tenant(client_id, account_id, brand_id),
         channel="server",
         source=DISPATCH_COLLECTOR,
         received=received,
@@ -586,7 +628,70 @@ def deliver(
 # --- the dispatcher -------------------------------------------------------------------------
 
 
-def plan(paths: DataPaths, outbox: Outbox, result: DispatchResult, url: str) -> None:
+@dataclass
+class Planning:
+    """What planning and moving journeys read once per dispatch: the config's assets and
+    journeys (with the errors of those that do not load), the regulations' lists."""
+
+    assets: dict[str, Any]
+    broken_assets: dict[str, Exception]
+    journeys: dict[str, Any]
+    broken_journeys: dict[str, Exception]
+    regulated: Regulated
+    url: str
+
+    @classmethod
+    def load(cls, paths: DataPaths, url: str) -> Planning:
+        from mallard.assets import load_assets_and_errors
+        from mallard.config import config_dir
+        from mallard.journeys import load_journeys_and_errors
+
+        assets, broken_assets = load_assets_and_errors(config_dir())
+        for asset_id, asset_error in broken_assets.items():
+            log.error("asset %s does not load; its sends fail: %s", asset_id, asset_error)
+        journeys, broken_journeys = load_journeys_and_errors(config_dir())
+        for journey_id, journey_error in broken_journeys.items():
+            log.error("journey %s does not load; its customers wait: %s", journey_id, journey_error)
+        return cls(
+            dict(assets),
+            dict(broken_assets),
+            dict(journeys),
+            dict(broken_journeys),
+            Regulated(paths),
+            url,
+        )
+
+    def close(self) -> None:
+        self.regulated.close()
+
+    def mover(self, conn: Any, outbox: Outbox, facts: Facts, seen: Any) -> Any:
+        from mallard import clock
+        from orchestration.delivery.journeys import Mover
+
+        def plan_send(cmd: Command, facts: Facts) -> list[dict[str, Any]]:
+            return plan_command(
+                cmd, facts, outbox, self.regulated, self.assets, self.url, self.broken_assets
+            )
+
+        return Mover(
+            conn,
+            outbox,
+            self.journeys,
+            self.assets,
+            plan_send,
+            facts,
+            seen,
+            self.regulated,
+            clock.now(),
+        )
+
+
+def plan(paths: DataPaths, outbox: Outbox, result: DispatchResult, planning: Planning) -> None:
+    """Plans the commands no dispatcher planned yet, PLAN_BATCH at a time: a send command's
+    sends, a start_journey's entry (orchestration/delivery/journeys.py), each batch in one
+    outbox transaction with the commands' marks."""
+    from orchestration.delivery.journeys import Seen
+
     lake = Lake(paths)
     try:
         if not lake.has("marts", "commands"):
@@ -594,30 +699,70 @@ def plan(paths: DataPaths, outbox: Outbox, result: DispatchResult, url: str) -> 
         ids = lake.command_ids()
         done = outbox.planned_among(ids)
         new = [i for i in ids if i not in done]
-        if not new:
-            return
-        from mallard.assets import load_assets_and_errors
-        from mallard.config import config_dir
-
-        assets, broken = load_assets_and_errors(config_dir())
-        for asset_id, error in broken.items():
-            log.error("asset %s does not load; its sends fail: %s", asset_id, error)
-        regulated = Regulated(paths)
-        try:
-            for i in range(0, len(new), PLAN_BATCH):
-                commands = lake.commands(new[i : i + PLAN_BATCH])
-                facts = lake.facts(
-                    [c.customer_id for c in commands],
-                    [c.customer_id for c in commands if c.command == "send_push"],
+        for i in range(0, len(new), PLAN_BATCH):
+            commands = lake.commands(new[i : i + PLAN_BATCH])
+            facts = lake.facts(
+                [c.customer_id for c in commands],
+                [c.customer_id for c in commands if c.command == "send_push"],
+            )
+            planned = [
+                (
+                    c.event_id,
+                    plan_command(
+                        c,
+                        facts,
+                        outbox,
+                        planning.regulated,
+                        planning.assets,
+                        planning.url,
+                        planning.broken_assets,
+                    ),
                 )
-                planned = [
-                    (c.event_id, plan_command(c, facts, outbox, regulated, assets, url, broken))
-                    for c in commands
-                ]
-                outbox.plan_many(planned)
-                result.planned += len(planned)
-        finally:
-            regulated.close()
+                for c in commands
+            ]
+            starts = [c for c in commands if c.command == START_JOURNEY]
+
+            def enter(conn: Any, starts: list[Command] = starts, facts: Facts = facts) -> None:
+                if starts:
+                    mover = planning.mover(conn, outbox, facts, Seen())
+                    for c in starts:  # entering twice enters once (instance ids)
+                        mover.enter(c)
+                    result.entered += mover.entered
+
+            outbox.plan_many(planned, also=enter)
+            result.planned += len(planned)
+    finally:
+        lake.close()
+
+
+def advance(paths: DataPaths, outbox: Outbox, result: DispatchResult, planning: Planning) -> None:
+    """Moves the journeys' instances that may move now (journeys.to_move), JOURNEY_BATCH at
+    a time, each batch in one outbox transaction after reading its customers' facts and
+    events from the warehouse."""
+    from mallard import clock
+    from orchestration.delivery import journeys as jr
+
+    now = clock.now()
+    ids: list[str] = outbox.read(
+        lambda conn: jr.to_move(conn, now, planning.journeys, list(planning.broken_journeys))
+    )
+    if not ids:
+        return
+    lake = Lake(paths)
+    try:
+        for i in range(0, len(ids), JOURNEY_BATCH):
+            chunk = ids[i : i + JOURNEY_BATCH]
+            found = outbox.read(partial(jr.load, ids=chunk))
+            customers = [inst.customer_id for inst in found]
+            since = min((min(x.started_real, x.step_entered_real) for x in found), default=0.0)
+            facts = lake.facts(customers, customers)
+            seen = jr.read_seen(lake, customers, since)
+            with outbox.transaction() as conn:
+                mover = planning.mover(conn, outbox, facts, seen)
+                for inst in jr.load(conn, chunk):
+                    mover.move(inst)
+            result.moved += mover.moved
+            result.exited += mover.exited
     finally:
         lake.close()
 
@@ -724,11 +869,23 @@ def send_due(
 
 
 def record(paths: DataPaths, outbox: Outbox, result: DispatchResult) -> None:
+    """Writes the final sends' outcome events and the journeys' events through the
+    dispatcher's log, then marks them recorded (a crash between the two records them again
+    under the same messageIds: stored once)."""
+    from orchestration.delivery import journeys as jr
+
+    journey_events = outbox.read(jr.unrecorded)
     sends = outbox.unrecorded()
-    if not sends:
+    if not sends and not journey_events:
         return
     now = datetime.now(UTC)
-    OutcomeLog(paths).write([outcome_message(s, now) for s in sends])
+    OutcomeLog(paths).write(
+        [outcome_message(s, now) for s in sends]
+        + [journey_message(row, now) for row in journey_events]
+    )
+    if journey_events:
+        with outbox.transaction() as conn:
+            jr.mark_recorded(conn, [row[0] for row in journey_events])
     outbox.mark_recorded([s.send_id for s in sends])
     result.recorded += len(sends)
     for s in sends:
@@ -741,15 +898,43 @@ def record(paths: DataPaths, outbox: Outbox, result: DispatchResult) -> None:
 
 
 def dispatch(paths: DataPaths, deliver_fn: Any = deliver) -> DispatchResult:
-    """Plan new commands, send what is due, record every outcome (module docstring)."""
+    """Plan new commands, move the journeys, send what is due, record every outcome (module
+    docstring)."""
     result = DispatchResult()
     base_url = public_url()
     outbox = Outbox(outbox_path(paths))
+    planning = Planning.load(paths, base_url)
     try:
-        plan(paths, outbox, result, base_url)
+        plan(paths, outbox, result, planning)
+        advance(paths, outbox, result, planning)
         record(paths, outbox, result)  # guards' outcomes first: they need no provider
         send_due(paths, outbox, result, base_url, deliver_fn)
         record(paths, outbox, result)
     finally:
+        planning.close()
         outbox.close()
     return result
+
+
+def next_due(paths: DataPaths) -> float | None:
+    """When the dispatcher next has something to do without a pass (a journey's wait or
+    timeout, a send's retry), by the journeys' clock for the first and real time for the
+    second, as seconds from now; None when nothing waits."""
+    from mallard import clock
+    from orchestration.delivery import journeys as jr
+
+    if not outbox_path(paths).exists():
+        return None
+    outbox = Outbox(outbox_path(paths))
+    try:
+        waits = [
+            d - now
+            for d, now in (
+                (outbox.read(jr.due_at), clock.now()),
+                (outbox.next_attempt_at(), time.time()),
+            )
+            if d is not None
+        ]
+    finally:
+        outbox.close()
+    return min(waits) if waits else None

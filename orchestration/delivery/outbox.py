@@ -19,11 +19,15 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from orchestration.delivery.journeys import SCHEMA as JOURNEY_SCHEMA
+
+T = TypeVar("T")
 
 PENDING, SENDING, SENT, SKIPPED, FAILED = "pending", "sending", "sent", "skipped", "failed"
 FINAL = (SENT, SKIPPED, FAILED)
@@ -72,6 +76,35 @@ create table if not exists disabled_tokens (
 """
 
 
+def insert_sends(
+    conn: sqlite3.Connection, command_event_id: str, sends: list[dict[str, Any]], now: float
+) -> int:
+    """Insert sends (dicts of the sends columns) of a command; a send id already there stays
+    as it is. The rows inserted."""
+    inserted = 0
+    for s in sends:
+        cur = conn.execute(
+            "insert or ignore into sends (send_id, command_event_id, account_id, channel,"
+            " recipient, asset_id, status, reason, payload, created_at, updated_at)"
+            " values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                s["send_id"],
+                command_event_id,
+                s["account_id"],
+                s["channel"],
+                s["recipient"],
+                s["asset_id"],
+                s.get("status", PENDING),
+                s.get("reason"),
+                json.dumps(s.get("payload", {})),
+                now,
+                now,
+            ),
+        )
+        inserted += cur.rowcount
+    return inserted
+
+
 def send_id(command_event_id: str, channel: str, recipient: str) -> str:
     """The send's key: the same command, channel and recipient always give the same id."""
     return hashlib.sha256(f"{command_event_id}\x1f{channel}\x1f{recipient}".encode()).hexdigest()[
@@ -113,7 +146,7 @@ class Outbox:
         self._conn = sqlite3.connect(path, timeout=30, isolation_level=None)
         self._conn.execute("pragma journal_mode=wal")
         self._conn.execute("pragma synchronous=full")
-        self._conn.executescript(SCHEMA)
+        self._conn.executescript(SCHEMA + JOURNEY_SCHEMA)
         os.chmod(path, 0o600)
 
     def close(self) -> None:
@@ -157,9 +190,14 @@ class Outbox:
         inserted."""
         return self.plan_many([(command_event_id, sends)])
 
-    def plan_many(self, commands: list[tuple[str, list[dict[str, Any]]]]) -> int:
+    def plan_many(
+        self,
+        commands: list[tuple[str, list[dict[str, Any]]]],
+        also: Callable[[sqlite3.Connection], object] | None = None,
+    ) -> int:
         """`plan` for several commands in one transaction: each command's sends go in with
-        its mark, a command already planned (by another dispatcher) is left as it is."""
+        its mark, a command already planned (by another dispatcher) is left as it is. `also`
+        runs in the same transaction (the journeys' entries), with the ids newly planned."""
         now = time.time()
         inserted = 0
         with self._tx() as conn:
@@ -168,31 +206,30 @@ class Outbox:
                     "select 1 from planned where command_event_id = ?", (command_event_id,)
                 ).fetchone():
                     continue
-                for s in sends:
-                    cur = conn.execute(
-                        "insert or ignore into sends (send_id, command_event_id, account_id,"
-                        " channel, recipient, asset_id, status, reason, payload, created_at,"
-                        " updated_at) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (
-                            s["send_id"],
-                            command_event_id,
-                            s["account_id"],
-                            s["channel"],
-                            s["recipient"],
-                            s["asset_id"],
-                            s.get("status", PENDING),
-                            s.get("reason"),
-                            json.dumps(s.get("payload", {})),
-                            now,
-                            now,
-                        ),
-                    )
-                    inserted += cur.rowcount
+                inserted += insert_sends(conn, command_event_id, sends, now)
                 conn.execute(
                     "insert into planned (command_event_id, planned_at) values (?, ?)",
                     (command_event_id, now),
                 )
+            if also is not None:
+                also(conn)
         return inserted
+
+    def read(self, query: Callable[[sqlite3.Connection], T]) -> T:
+        """`query` on the outbox's connection outside a write transaction."""
+        return query(self._conn)
+
+    def next_attempt_at(self) -> float | None:
+        """When the earliest pending send is due (a retry's backoff), None with none."""
+        row = self._conn.execute(
+            "select min(next_attempt_at) from sends where status = 'pending'"
+        ).fetchone()
+        return None if row is None or row[0] is None else float(row[0])
+
+    def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
+        """One write transaction (BEGIN IMMEDIATE) on the outbox's database, for the state
+        kept beside it (journeys), so a step's move and its sends commit together."""
+        return self._tx()
 
     # --- sending ------------------------------------------------------------------------------
 
