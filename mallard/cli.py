@@ -234,6 +234,41 @@ def cmd_journeys_check(args: argparse.Namespace) -> int:
     return 0 if all(r.ok for r in results) else 1
 
 
+def cmd_journeys_dry_run(args: argparse.Namespace) -> int:
+    from mallard.config import config_dir
+    from mallard.journeys import JourneyError, load_journeys_and_errors
+    from orchestration.delivery.journeys import dry_run
+
+    journeys, broken = load_journeys_and_errors(config_dir())
+    if args.journey in broken:
+        print(f"error: {broken[args.journey]}", file=sys.stderr)
+        return 1
+    journey = journeys.get(args.journey)
+    if journey is None:
+        known = ", ".join(sorted(journeys)) or "none"
+        print(f"error: no journey {args.journey!r} (known: {known})", file=sys.stderr)
+        return 1
+    if args.step and args.step not in journey.steps:
+        print(f"error: no step {args.step!r} in {args.journey}", file=sys.stderr)
+        return 1
+    try:
+        lines = dry_run(_paths(args), journey, args.user, args.account, args.step, args.event or ())
+    except (JourneyError, LookupError) as e:
+        print(f"error: {e.args[0] if isinstance(e, LookupError) else e}", file=sys.stderr)
+        return 1
+    print(f"{journey.journey_id} ({journey.name}) for userId {args.user}, nothing is sent:")
+    for line in lines:
+        print(f"  {line}")
+    return 0
+
+
+def cmd_dispatch(args: argparse.Namespace) -> int:
+    from orchestration.delivery.dispatch import dispatch
+
+    print(dispatch(_paths(args)).summary(), flush=True)
+    return 0
+
+
 def cmd_writekeys(args: argparse.Namespace) -> int:
     control = ControlStore(_paths(args).control_db)
     if args.writekeys_cmd == "list":
@@ -496,6 +531,26 @@ def build_parser() -> argparse.ArgumentParser:
     c = j.add_parser("check", help="load and validate every journey")
     c.add_argument("--config-dir", help="config directory (default: $MALLARD_CONFIG_DIR)")
     c.set_defaults(fn=cmd_journeys_check)
+    c = j.add_parser(
+        "dry-run", parents=[common], help="print the path a customer would take, sending nothing"
+    )
+    c.add_argument("journey", help="the journey id")
+    c.add_argument("--user", required=True, help="the customer's userId")
+    c.add_argument("--account", help="the account (when the userId is in several)")
+    c.add_argument("--step", help="start at this step (as stepIdToTrigger)")
+    c.add_argument(
+        "--event",
+        action="append",
+        help="take this event as happening (wait_for goes on; events.<name> counts 1); repeat",
+    )
+    c.set_defaults(fn=cmd_journeys_dry_run)
+
+    s = sub.add_parser(
+        "dispatch",
+        parents=[common],
+        help="plan new commands, move journeys, send what is due (what a pass does after models)",
+    )
+    s.set_defaults(fn=cmd_dispatch)
 
     s = sub.add_parser("writekeys", help="writeKeys for the tag and mobile endpoints")
     w = s.add_subparsers(dest="writekeys_cmd", required=True)

@@ -664,21 +664,22 @@ class Planning:
     def close(self) -> None:
         self.regulated.close()
 
+    def plan_send_rows(self, cmd: Command, facts: Facts, outbox: Outbox) -> list[dict[str, Any]]:
+        """A command's sends in their first states (plan_command with this planning's data)."""
+        return plan_command(
+            cmd, facts, outbox, self.regulated, self.assets, self.url, self.broken_assets
+        )
+
     def mover(self, conn: Any, outbox: Outbox, facts: Facts, seen: Any) -> Any:
         from mallard import clock
         from orchestration.delivery.journeys import Mover
-
-        def plan_send(cmd: Command, facts: Facts) -> list[dict[str, Any]]:
-            return plan_command(
-                cmd, facts, outbox, self.regulated, self.assets, self.url, self.broken_assets
-            )
 
         return Mover(
             conn,
             outbox,
             self.journeys,
             self.assets,
-            plan_send,
+            partial(self.plan_send_rows, outbox=outbox),
             facts,
             seen,
             self.regulated,

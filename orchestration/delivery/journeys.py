@@ -568,3 +568,142 @@ def mark_recorded(conn: sqlite3.Connection, keys: list[str]) -> None:
     conn.executemany(
         "update journey_events set recorded = 1 where event_key = ?", [(k,) for k in keys]
     )
+
+
+# --- dry run --------------------------------------------------------------------------------
+
+
+def dry_run(
+    paths: Any,
+    journey: Journey,
+    user_id: str,
+    account_id: str | None = None,
+    step_id: str | None = None,
+    happens: Collection[str] = (),
+) -> list[str]:
+    """The path a customer would take now, one line per step, changing nothing: sends go
+    through the dispatcher's guards with the customer's current traits and preferences (and
+    are not sent), waits are passed over, a wait_for's event is taken as happening when named
+    in `happens` (else it times out), and branches are decided on current data with each
+    event in `happens` counted once. LookupError when the userId names no one customer."""
+    from orchestration.delivery.dispatch import CHANNEL_OF, Command, Lake, Planning, outbox_path
+    from orchestration.delivery.outbox import Outbox
+
+    lake = Lake(paths)
+    outbox = Outbox(outbox_path(paths))
+    planning = Planning.load(paths, "")
+    try:
+        where = "user_id = ?" + (" and account_id = ?" if account_id else "")
+        found = lake.conn.execute(
+            "select customer_id, client_id, account_id from lake.marts.customers"
+            f" where {where} order by account_id limit 2",
+            [user_id, *([account_id] if account_id else [])],
+        ).fetchall()
+        if not found:
+            raise LookupError(
+                f"no customer with userId {user_id!r}" + (" in that account" if account_id else "")
+            )
+        if len(found) > 1:
+            raise LookupError(f"userId {user_id!r} is in several accounts: name one with --account")
+        customer_id, client_id, account = found[0]
+        facts = lake.facts([customer_id], [customer_id])
+        seen = Seen({customer_id: [(e.lower(), {}, 0.0) for e in happens]})
+        mover = planning.mover(None, outbox, facts, seen)
+        inst = Instance(
+            "dry-run",
+            journey.journey_id,
+            account,
+            client_id,
+            "",
+            customer_id,
+            user_id,
+            None,
+            "dry-run",
+            {},
+            "",
+            {},
+            0.0,
+            0.0,
+            None,
+            ACTIVE,
+            None,
+            0.0,
+            0.0,
+            None,
+        )
+        ctx = mover._context(inst)
+        lines: list[str] = []
+        current: str | None = step_id or journey.first
+        visits: dict[str, int] = {}
+        while current is not None and len(lines) < MAX_STEPS_PER_MOVE:
+            step = journey.step(current)
+            visits[current] = visits.get(current, 0) + 1
+            head = f"{current} ({step.type})"
+            if step.type == "send":
+                channel = str(getattr(planning.assets.get(step.asset or ""), "channel", "email"))
+                command = {v: k for k, v in CHANNEL_OF.items()}.get(channel, "send_email")
+                cmd = Command(
+                    f"dry-run:{current}",
+                    "",
+                    client_id,
+                    account,
+                    "",
+                    customer_id,
+                    user_id,
+                    command,
+                    step.asset,
+                    {},
+                )
+                rows = planning.plan_send_rows(cmd, facts, outbox)
+                outcome = (
+                    ", ".join(
+                        f"{r['status'] if r['status'] != 'pending' else 'would send'}"
+                        + (f": {r['reason']}" if r.get("reason") else "")
+                        + (f" to {r['recipient']}" if r.get("recipient") else "")
+                        for r in rows
+                    )
+                    or "nothing (the customer is regulated)"
+                )
+                lines.append(f"{head}: {step.asset}: {outcome}")
+                current = step.next
+            elif step.type == "wait":
+                lines.append(f"{head}: {clock_text(step.duration_s)}")
+                current = step.next
+            elif step.type == "wait_for":
+                assert step.event is not None
+                if step.event.lower() in {e.lower() for e in happens}:
+                    lines.append(f"{head}: {step.event} happens")
+                    current = step.next
+                else:
+                    lines.append(
+                        f"{head}: no {step.event} within {clock_text(step.timeout_s)}: times out"
+                    )
+                    current = step.on_timeout
+            elif step.type == "branch":
+                target, why = step.else_, "else"
+                for condition, goto in step.cases:
+                    if condition.evaluate(ctx):
+                        target, why = goto, f"`{condition.text}` holds"
+                        break
+                lines.append(f"{head}: {why} -> {target or 'end'}")
+                current = target
+            else:
+                lines.append(f"{head}: leaves the journey")
+                current = None
+        if current is not None:
+            lines.append(f"... stops after {MAX_STEPS_PER_MOVE} steps (a loop)")
+        elif lines and not lines[-1].endswith("leaves the journey"):
+            lines.append("end: leaves the journey (completed)")
+        return lines
+    finally:
+        planning.close()
+        outbox.close()
+        lake.close()
+
+
+def clock_text(seconds: float | None) -> str:
+    s = int(seconds or 0)
+    for unit, size in (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size and s % size == 0:
+            return f"{s // size}{unit}"
+    return f"{s}s"
