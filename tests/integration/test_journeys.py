@@ -276,3 +276,33 @@ def test_journey_sends_are_the_start_commands_and_name_the_step(run: Run) -> Non
         ("reminder", "reminder"),
     ]
     assert {p["journeyId"] for p in sent} == {"welcome_series"}
+
+
+def test_an_analyst_sees_the_paths_in_sql(run: Run) -> None:
+    from mallard.paths import DataPaths
+    from mallard.warehouse import connect
+
+    conn = connect(DataPaths(run.server.data_dir), read_only=True)
+    try:
+        instances = conn.execute(
+            "select user_id, status, current_step_id, exit_reason, steps_entered"
+            " from lake.marts.journey_instances order by user_id"
+        ).fetchall()
+        sends = conn.execute(
+            "select user_id, asset_id, outcome, journey_id, journey_step_id"
+            " from lake.marts.deliveries where journey_id is not null order by user_id, asset_id"
+        ).fetchall()
+    finally:
+        conn.close()
+    assert instances == [
+        ("basic", "exited", "done", "exit_step", 6),
+        ("clicker", "exited", "done", "exit_step", 4),
+        ("pro", "exited", "done", "exit_step", 5),
+    ]
+    # Opens and clicks name the send (send_id), not the journey: a join on send_id finds it.
+    assert sends == [
+        ("basic", "reminder", "sent", "welcome_series", "reminder"),
+        ("basic", "welcome", "sent", "welcome_series", "hello"),
+        ("clicker", "welcome", "sent", "welcome_series", "hello"),
+        ("pro", "welcome", "sent", "welcome_series", "hello"),
+    ]

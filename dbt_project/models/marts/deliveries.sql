@@ -34,6 +34,9 @@ final as (
         coalesce(properties ->> '$.sendType', split_part(lower(event_name), '_', 1)) as send_type,
         split_part(lower(event_name), '_', 2) as outcome,
         properties ->> '$.reason' as reason,
+        properties ->> '$.journeyId' as journey_id,
+        properties ->> '$.instanceId' as journey_instance_id,
+        properties ->> '$.stepId' as journey_step_id,
         event_time,
         received_at
     from messages
