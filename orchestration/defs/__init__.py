@@ -9,7 +9,7 @@ import dagster as dg
 from mallard.paths import DataPaths
 from orchestration.context import ensure_dagster_home
 from orchestration.defs.dbt import build_dbt_assets
-from orchestration.defs.delivery import dispatch, dispatch_after_pass
+from orchestration.defs.delivery import dispatch, dispatch_after_pass, dispatch_when_due
 from orchestration.defs.ingest import PIPELINE, backstop_schedule, new_files_sensor, raw_messages
 from orchestration.defs.maintenance import (
     compaction,
@@ -35,7 +35,7 @@ def build_definitions(data_dir: Path) -> dg.Definitions:
     return dg.Definitions(
         assets=[raw_messages, dbt_models],
         jobs=[pipeline, maintenance, compaction, regulation, dispatch],
-        sensors=[new_files_sensor(), fragmentation_sensor, dispatch_after_pass],
+        sensors=[new_files_sensor(), fragmentation_sensor, dispatch_after_pass, dispatch_when_due],
         schedules=[backstop_schedule(), maintenance_nightly],
         resources={"dbt": dbt_resource, "lake": LakeResource(data_dir=str(paths.root))},
     )

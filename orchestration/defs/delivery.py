@@ -50,3 +50,25 @@ def dispatch_after_pass(
     if busy := run_in_progress(context, [DISPATCH]):  # type: ignore[arg-type]
         return dg.SkipReason(busy)
     return dg.RunRequest(run_key=f"after-{context.dagster_run.run_id}")
+
+
+@dg.sensor(
+    job=dispatch,
+    minimum_interval_seconds=15,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Dispatches when a journey's wait or timeout or a send's retry falls due between "
+    "passes (the pipeline watcher does this itself within a second while it runs).",
+)
+def dispatch_when_due(
+    context: dg.SensorEvaluationContext, lake: LakeResource
+) -> dg.RunRequest | dg.SkipReason:
+    from orchestration.delivery.dispatch import next_due
+
+    if watcher := daemon_stands_back(lake, "dispatch"):
+        return dg.SkipReason(watcher)
+    due = next_due(lake.paths)
+    if due is None or due > 0:
+        return dg.SkipReason("nothing due" if due is None else f"next due in {due:.0f} s")
+    if busy := run_in_progress(context, [DISPATCH]):
+        return dg.SkipReason(busy)
+    return dg.RunRequest()

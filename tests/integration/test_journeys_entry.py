@@ -5,8 +5,11 @@ transactional welcome after an hour, so a loopback SMTP sink counts the instance
 
 from __future__ import annotations
 
+import os
 import shutil
 import sqlite3
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -216,3 +219,49 @@ def test_no_track_does_not_stop_journeys(entry: Entry) -> None:
         ("nt", "hourly_never", "exited", "completed")
     ]
     assert entry.counts["first hour"].count("nt@example.com") == 1
+
+
+# The daemon's backstop sensor evaluated on the data dir, then again while a watcher holds the
+# lock; prints what each evaluation answered.
+_SENSOR = """
+import sys
+from pathlib import Path
+import dagster as dg
+from mallard.paths import DataPaths
+from orchestration.defs.delivery import dispatch_when_due
+from orchestration.locks import watcher_lock
+from orchestration.resources import LakeResource
+
+paths = DataPaths(Path(sys.argv[1]))
+with dg.DagsterInstance.from_config(str(paths.dagster_home)) as instance:
+    ctx = dg.build_sensor_context(
+        instance=instance, resources={"lake": LakeResource(data_dir=str(paths.root))}
+    )
+    print(type(dispatch_when_due(ctx)).__name__)
+    with watcher_lock(paths):
+        print(type(dispatch_when_due(ctx)).__name__)
+"""
+
+
+def _sensor(entry: Entry) -> list[str]:
+    env = {**os.environ, **entry.server.env, "MALLARD_DATA_DIR": str(entry.server.data_dir)}
+    out = subprocess.run(
+        [sys.executable, "-c", _SENSOR, str(entry.server.data_dir)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout.split()
+
+
+def test_the_daemon_dispatches_when_a_wait_falls_due(entry: Entry) -> None:
+    """Runs last: it starts one more instance and moves the clock."""
+    entry.at(T0 + timedelta(hours=4))
+    wait_landed(entry.server.data_dir, [entry.start("ann", "hourly_always", "always-4")])
+    entry.run_pass()  # enters: the wait is due at T0+5h
+    assert _sensor(entry) == ["SkipReason", "SkipReason"]  # not due yet
+    entry.at(T0 + timedelta(hours=5, minutes=1))
+    assert _sensor(entry) == ["RunRequest", "SkipReason"]  # due; a watcher would take it
