@@ -1,6 +1,6 @@
 """Delivery: `send_email` commands from ingest to an SMTP sink, through the real processes.
 
-    python -m bench.delivery [--commands N] [--connections C] [--timeout S]
+    python -m bench.delivery [--commands N] [--per-request K] [--connections C] [--timeout S]
 
 A fresh `mallard init` data dir (bench/.work/delivery/), `mallard serve` on a free loopback
 port, the pipeline watcher (`mallard pipeline run --watch`, which dispatches after each pass)
@@ -11,7 +11,8 @@ each message it takes.
 
 N customers with emails are identified (batches of 100) and loaded by a pass; then N
 `send_email` tracks of the transactional asset `welcome`, one per customer, are posted as
-fast as the server accepts them (closed loop on C connections), each with its accept time by
+fast as the server accepts them (closed loop on C connections; K to a `batch` request, so that
+they land within one roll of the log and one pass plans them all), each with its accept time by
 messageId and the eventId the answer names. A send's Message-ID is `<sendId@mallard>` and its
 sendId is `send_id(eventId, "email", address)` (orchestration/delivery/outbox.py), so each
 arrival is matched to its command without reading the outbox.
@@ -38,6 +39,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -241,30 +243,44 @@ class Accepted:
     refused: int = 0
 
 
-async def post_commands(port: int, server: Server, n: int, connections: int) -> Accepted:
+async def post_commands(
+    port: int, server: Server, n: int, connections: int, per_request: int
+) -> Accepted:
+    """The n commands, `per_request` to a request (1: single `track` calls; more: `batch`
+    calls, whose answer lists each message's eventId), as fast as accepted on `connections`
+    connections."""
     hdr = {"content-type": "application/json", "auth-token": server.creds["token"]}
-    path = f"{server.base_path}/track"
+    action = "track" if per_request == 1 else "batch"
+    path = f"{server.base_path}/{action}"
     acc = Accepted([None] * n, [None] * n)
-    it = iter(range(n))
+    it = iter(range(0, n, per_request))
+
+    def command(i: int) -> dict[str, Any]:
+        return {
+            "type": "track",
+            "userId": user(i)[0],
+            "event": "send_email",
+            "assetId": ASSET,
+            "messageId": f"dl-cmd-{i}",
+        }
 
     async def loop() -> None:
         conn = await Conn.open(HOST, port)
         try:
-            for i in it:
-                body = json.dumps(
-                    {
-                        "userId": user(i)[0],
-                        "event": "send_email",
-                        "assetId": ASSET,
-                        "messageId": f"dl-cmd-{i}",
-                    }
-                ).encode()
+            for lo in it:
+                ids = range(lo, min(lo + per_request, n))
+                doc: dict[str, Any] = (
+                    command(lo) if action == "track" else {"batch": [command(i) for i in ids]}
+                )
+                body = json.dumps(doc).encode()
                 status, answer = await _post(conn, build_request(HOST, port, path, body, hdr))
-                if status == 200:
-                    acc.at[i] = time.monotonic()
-                    acc.event_ids[i] = json.loads(answer)["eventId"]
-                else:
-                    acc.refused += 1
+                if status != 200:
+                    acc.refused += len(ids)
+                    continue
+                now, got = time.monotonic(), json.loads(answer)
+                for i, event_id in zip(ids, got.get("eventIds") or [got["eventId"]], strict=True):
+                    acc.at[i] = now
+                    acc.event_ids[i] = event_id
         finally:
             conn.close()
 
@@ -282,6 +298,8 @@ def outbox_states(data_dir: Path) -> dict[str, int]:
         rows = con.execute(
             "select status, reason, count(*) from sends where channel = 'email' group by 1, 2"
         ).fetchall()
+    except sqlite3.OperationalError:  # made, its tables not yet
+        return {}
     finally:
         con.close()
     return {(f"{s}:{r}" if r else s): c for s, r, c in rows}
@@ -306,7 +324,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.delivery")
     p.add_argument("--full", action="store_true", help="same run (the scenario has one size)")
     p.add_argument("--commands", type=int, default=10_000)
-    p.add_argument("--connections", type=int, default=8, help="closed-loop posting connections")
+    p.add_argument("--connections", type=int, default=4, help="closed-loop posting connections")
+    p.add_argument(
+        "--per-request", type=int, default=100, help="commands per request (1: single tracks)"
+    )
     p.add_argument("--timeout", type=float, default=900.0, help="fail after this many seconds")
     p.add_argument("--sink", nargs=2, metavar=("PORT", "FILE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -336,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         loaded_s = wait_loaded(server, n, deadline, watcher)
         print(f"{n:,} customers identified, loaded {loaded_s:.1f} s after", flush=True)
         t0 = time.monotonic()
-        acc = run(post_commands(server.port, server, n, args.connections))
+        acc = run(post_commands(server.port, server, n, args.connections, args.per_request))
         post_s = time.monotonic() - t0
         print(
             f"{n - acc.refused:,} commands accepted in {post_s:.1f} s"
@@ -409,7 +430,8 @@ def main(argv: list[str] | None = None) -> int:
         row("customers identified (batches of 100), then loaded by a pass", n, "customers"),
         row("  identified -> loaded (traits answer)", round(loaded_s, 1), "s"),
         row(
-            f"send_email commands accepted ({args.connections} conns, closed loop)",
+            f"send_email commands accepted ({args.per_request} a request,"
+            f" {args.connections} conns, closed loop)",
             expected,
             "count",
             f"{n:,}",
