@@ -311,15 +311,19 @@ def purge_side_stores(
     journal = purge.purge_preferences_journal(lake.paths, subject)
     _, metrics = purge.purge_metrics(lake.paths, subject)
     zips = purge.purge_access_zips(store, subject)
+    outbox = purge.purge_outbox(lake.paths, subject)
     _record(
         store,
         reg.regulation_id,
+        outboxRows=outbox,
         preferencesJournalRows=journal,
         metricsLines=metrics,
         accessZipsRemoved=zips,
     )
     _done("purge_side_stores")
-    context.log.info(f"journal {journal} rows, metrics {metrics} lines, {zips} Access zips")
+    context.log.info(
+        f"journal {journal} rows, metrics {metrics} lines, {zips} Access zips, outbox {outbox}"
+    )
 
 
 def _outcome(reg: Regulation) -> dict[str, str]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 import time
@@ -312,8 +313,10 @@ def purge_lake_files(paths: DataPaths, subject: Subject) -> FilesPurge:
 
 
 def _recompute_table_stats(conn: duckdb.DuckDBPyConnection, subject: Subject) -> int:
-    """DuckLake keeps a min/max per table column and does not shrink it on delete: one that is a
-    subject's identifier is set from the live files' min/max (text columns order as text)."""
+    """DuckLake keeps a min/max per table column and does not shrink it on delete: one that holds
+    a subject's identifier (the whole value, or within it: a JSON column's min/max is a prefix
+    of a stored document) is set from the live files' min/max (text columns order as text;
+    none left: null)."""
     strings = subject.strings()
     if not strings:
         return 0
@@ -321,7 +324,10 @@ def _recompute_table_stats(conn: duckdb.DuckDBPyConnection, subject: Subject) ->
         metadata_sql(
             """
             select st.table_id, st.column_id from lake.ducklake_table_column_stats as st
-            where st.min_value in (select unnest($s)) or st.max_value in (select unnest($s))
+            where exists (
+                select 1 from unnest($s) as t (s)
+                where contains(st.min_value, t.s) or contains(st.max_value, t.s)
+            )
             """
         ),
         {"s": strings},
@@ -398,6 +404,65 @@ print(cur.rowcount)
     )
     compact_catalog(path)
     return int(out.stdout.strip() or 0)
+
+
+def purge_outbox(paths: DataPaths, subject: Subject) -> dict[str, int]:
+    """The dispatcher's state about the subject's customers: their sends (rendered content,
+    addresses) and the links stored for them, their journey instances and journey events, and
+    their addresses suppressed by bounces. Rows removed by table. The commands' planned marks
+    stay: they hold eventIds only, and keep a deleted command from being planned again."""
+    path = paths.outbox_db
+    if not path.exists() or not (subject.customer_ids or subject.emails):
+        return {}
+    ids, emails = subject.customer_ids, [e.lower() for e in subject.emails]
+    removed: dict[str, int] = {}
+    conn = sqlite3.connect(path, timeout=60, isolation_level=None)
+    try:
+        conn.execute("pragma secure_delete=on")
+        conn.execute("begin immediate")
+        tables = {r[0] for r in conn.execute("select name from sqlite_master where type='table'")}
+        conn.execute("create temp table subject_customers (id text primary key)")
+        conn.executemany("insert or ignore into subject_customers values (?)", [(i,) for i in ids])
+        conn.execute("create temp table subject_emails (address text primary key)")
+        conn.executemany("insert or ignore into subject_emails values (?)", [(e,) for e in emails])
+        if "sends" in tables:
+            conn.execute(
+                "create temp table subject_sends as select send_id from sends"
+                " where account_id = ? and (json_extract(payload, '$.customerId') in"
+                " (select id from subject_customers) or lower(recipient) in"
+                " (select address from subject_emails))",
+                (subject.account_id,),
+            )
+            if "email_links" in tables:
+                removed["email_links"] = conn.execute(
+                    "delete from email_links where send_id in (select send_id from subject_sends)"
+                ).rowcount
+            removed["sends"] = conn.execute(
+                "delete from sends where send_id in (select send_id from subject_sends)"
+            ).rowcount
+        if "journey_instances" in tables:
+            removed["journey_events"] = conn.execute(
+                "delete from journey_events where instance_id in (select instance_id from"
+                " journey_instances where account_id = ? and customer_id in"
+                " (select id from subject_customers))",
+                (subject.account_id,),
+            ).rowcount
+            removed["journey_instances"] = conn.execute(
+                "delete from journey_instances where account_id = ? and customer_id in"
+                " (select id from subject_customers)",
+                (subject.account_id,),
+            ).rowcount
+        if "suppressed_addresses" in tables:
+            removed["suppressed_addresses"] = conn.execute(
+                "delete from suppressed_addresses where account_id = ? and address in"
+                " (select address from subject_emails)",
+                (subject.account_id,),
+            ).rowcount
+        conn.execute("commit")
+    finally:
+        conn.close()
+    compact_catalog(path)
+    return removed
 
 
 def _pattern(strings: Iterable[str]) -> re.Pattern[bytes]:

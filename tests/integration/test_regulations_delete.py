@@ -21,7 +21,7 @@ import pytest
 
 from mallard.paths import DataPaths
 from orchestration.warehouse import lake_connection
-from tests.conftest import mallard, wait_landed
+from tests.conftest import free_port, mallard, wait_landed
 from tests.integration.prefs_support import PrefsEnv, start_prefs_env
 
 pytestmark = pytest.mark.integration
@@ -84,7 +84,12 @@ def _landing_event_ids(data: Path) -> set[str]:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefsEnv]:
-    yield from start_prefs_env(tmp_path_factory.mktemp("reg-delete"), USERS)
+    # The mail server's address is a port nothing listens on: sends wait in the outbox.
+    yield from start_prefs_env(
+        tmp_path_factory.mktemp("reg-delete"),
+        USERS,
+        env={"MALLARD_SMTP_URL": f"smtp://127.0.0.1:{free_port()}"},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +173,18 @@ def before(env: PrefsEnv) -> dict[str, Any]:
             },
         ),
         _send(env, "track", {"userId": OTHER, "event": "Clicked", "timestamp": t0.format(8)}),
+        # A send to the subject: the dispatcher renders it with their traits and keeps it in
+        # the outbox (no mail server answers, so it waits to be retried).
+        _send(
+            env,
+            "track",
+            {
+                "userId": SUBJECT,
+                "event": "send_email",
+                "assetId": "welcome",
+                "timestamp": t0.format(9),
+            },
+        ),
     ]
     assert (
         env.post(SUBJECT, {"channels": [{"channel": "sms", "subscribed": True}]}).status_code == 200
@@ -175,6 +192,8 @@ def before(env: PrefsEnv) -> dict[str, Any]:
     httpx.post(f"{env.server.url}/cdp/events/std/m", json={"series": [{"anon": ANON}]}, timeout=10)
     wait_landed(env.server.data_dir, ids)
     env.server.pipeline()
+    outbox = (env.server.data_dir / "outbox.sqlite").read_bytes()
+    assert EMAIL.encode() in outbox  # the send to retry, rendered for the subject
     meta = env.server.get(f"profiles/userId:{SUBJECT}/meta").json()
     first = env.server.get(f"profiles/userId:{SUBJECT}/events", params={"size": 1}).json()
     assert first["data"] and first["scrollId"]
@@ -243,6 +262,7 @@ def test_evidence_counts_what_was_deleted_and_finds_nothing_left(
     assert evidence["landingRowsRemoved"] == len(before["subject_events"])
     assert evidence["snapshotsExpired"] > 0 and evidence["filesDeleted"] > 0
     assert evidence["accessZipsRemoved"] == 1 and evidence["preferencesJournalRows"] >= 1
+    assert evidence["outboxRows"]["sends"] == 1
     # The Access zip filed before held exactly the rows the Delete removed, table by table.
     assert before["access"]["evidence"]["rowsExported"] == evidence["rowsDeleted"]
 
