@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import platform
+from collections.abc import Iterable
 from pathlib import Path
 
 import duckdb
@@ -79,3 +81,13 @@ def connect(paths: DataPaths, read_only: bool = False) -> duckdb.DuckDBPyConnect
     conn = duckdb.connect(":memory:", config=duckdb_config(paths))
     conn.execute(lake_attach_sql(paths, read_only=read_only))
     return conn
+
+
+# A list of strings as one query parameter: `x in (select unnest({STRINGS}))` with
+# `strings(values)` bound to it. DuckDB converts a Python list parameter element by element
+# (87 ms for 1,000 ids, against 1.5 ms for the same ids as one JSON text).
+STRINGS = "from_json(?, '[\"VARCHAR\"]')"
+
+
+def strings(values: Iterable[str]) -> str:
+    return json.dumps(list(values))

@@ -47,6 +47,7 @@ from collector.messages import Tenant, stamp
 from collector.roller import recover, roll_segment
 from collector.wal import SEALED_SUFFIX, frame, fsync_dir
 from mallard.paths import DataPaths
+from mallard.warehouse import STRINGS, strings
 from orchestration.delivery.outbox import FAILED, PENDING, SENT, SKIPPED, Outbox, Send, send_id
 
 log = logging.getLogger(__name__)
@@ -272,8 +273,8 @@ class Lake:
     def commands(self, event_ids: list[str]) -> list[Command]:
         rows = self.conn.execute(
             f"select {_COMMAND_COLUMNS} from lake.marts.commands"
-            " where event_id in (select unnest(?)) order by received_at, event_id",
-            [event_ids],
+            f" where event_id in (select unnest({STRINGS})) order by received_at, event_id",
+            [strings(event_ids)],
         ).fetchall()
         return [
             Command(*r[:9], json.loads(r[9]) if r[9] else {})  # type: ignore[call-arg]
@@ -289,14 +290,14 @@ class Lake:
         ids = sorted(set(customer_ids))
         for cid, traits, sid in self.conn.execute(
             "select customer_id, traits, subscription_id from lake.marts.customers"
-            " where customer_id in (select unnest(?))",
-            [ids],
+            f" where customer_id in (select unnest({STRINGS}))",
+            [strings(ids)],
         ).fetchall():
             facts.customers[cid] = (json.loads(traits) if traits else {}), sid
         for cid, state in self.conn.execute(
             "select customer_id, state from lake.marts.customer_preferences"
-            " where customer_id in (select unnest(?))",
-            [ids],
+            f" where customer_id in (select unnest({STRINGS}))",
+            [strings(ids)],
         ).fetchall():
             changes = [
                 Change(
@@ -314,10 +315,10 @@ class Lake:
             for cid, token in self.conn.execute(
                 "select distinct customer_id, json_extract_string(context, '$.device.token') as t"
                 " from lake.intermediate.int_messages_identified"
-                " where customer_id in (select unnest(?))"
+                f" where customer_id in (select unnest({STRINGS}))"
                 " and json_extract_string(context, '$.device.token') is not null"
                 " order by customer_id, t",
-                [sorted(set(push))],
+                [strings(sorted(set(push)))],
             ).fetchall():
                 if token:
                     facts.tokens.setdefault(cid, []).append(token)
@@ -739,7 +740,9 @@ def plan(paths: DataPaths, outbox: Outbox, result: DispatchResult, planning: Pla
 def advance(paths: DataPaths, outbox: Outbox, result: DispatchResult, planning: Planning) -> None:
     """Moves the journeys' instances that may move now (journeys.to_move), JOURNEY_BATCH at
     a time, each batch in one outbox transaction after reading its customers' facts and
-    events from the warehouse."""
+    events from the warehouse. Fault points (MALLARD_FAULT_KILL_AT, see _fault), per batch:
+    `journey_before_move` (read, nothing written), `journey_in_move` (moved, not committed),
+    `journey_after_move` (committed, its events and sends not recorded or sent)."""
     from mallard import clock
     from orchestration.delivery import journeys as jr
 
@@ -758,10 +761,13 @@ def advance(paths: DataPaths, outbox: Outbox, result: DispatchResult, planning: 
             since = min((min(x.started_real, x.step_entered_real) for x in found), default=0.0)
             facts = lake.facts(customers, customers)
             seen = jr.read_seen(lake, customers, since)
+            _fault("journey_before_move")
             with outbox.transaction() as conn:
                 mover = planning.mover(conn, outbox, facts, seen)
                 for inst in jr.load(conn, chunk):
                     mover.move(inst)
+                _fault("journey_in_move")
+            _fault("journey_after_move")
             result.moved += mover.moved
             result.exited += mover.exited
     finally:
