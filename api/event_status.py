@@ -69,6 +69,7 @@ def reason_text(reason: str | None, error: str | None) -> str:
     """A send's error: the provider's own text, else what its reason means."""
     return error or REASONS.get(reason or "", reason or "the send failed")
 
+
 _encode = msgspec.json.Encoder().encode
 _decode_head = msgspec.json.Decoder(StoredHead)
 
@@ -85,7 +86,7 @@ class SendStatus(msgspec.Struct):
     reason: str | None
     attempts: int
     at: str
-    error: str | None = None  # why, for a skipped or failed send
+    error: str | None = None  # why, for a skipped or failed send or one waiting to retry
 
 
 class EventStatus(msgspec.Struct):
@@ -251,8 +252,7 @@ def event_status(wh: Warehouse, account_id: str, event_id: str) -> EventStatus |
     if sends and all(s.status == FAILED for s in sends):
         status = FAILED
         errors = [
-            StatusError(s.reason or "failed", reason_text(s.reason, s.last_error))
-            for s in sends
+            StatusError(s.reason or "failed", reason_text(s.reason, s.last_error)) for s in sends
         ]
     return EventStatus(
         event_id,
@@ -266,7 +266,10 @@ def event_status(wh: Warehouse, account_id: str, event_id: str) -> EventStatus |
                 s.reason,
                 s.attempts,
                 iso(datetime.fromtimestamp(s.updated_at, UTC)),
-                reason_text(s.reason, s.last_error) if s.reason else None,
+                # Why it did not go (yet): a skip, a failure, a pending retry's last answer.
+                reason_text(s.reason, s.last_error)
+                if s.status != "sent" and (s.reason or s.last_error)
+                else None,
             )
             for s in sends
         ],

@@ -34,10 +34,12 @@ from tests.integration.prefs_support import PrefsEnv, start_prefs_env
 pytestmark = pytest.mark.integration
 
 REFUSED = "gone@example.com"
+BUSY = "busy@example.com"  # answered 451 (try later) the first time
 
 
 class Sink:
-    """Keeps what arrives; refuses REFUSED at RCPT as a mail server does an unknown user."""
+    """Keeps what arrives; refuses REFUSED at RCPT as a mail server does an unknown user, and
+    greylists BUSY once."""
 
     def __init__(self) -> None:
         self.rcpt_attempts: list[str] = []
@@ -49,6 +51,8 @@ class Sink:
         self.rcpt_attempts.append(address)
         if address == REFUSED:
             return "550 5.1.1 user unknown"
+        if address == BUSY and self.rcpt_attempts.count(BUSY) == 1:
+            return "451 4.7.1 greylisted, try again later"
         envelope.rcpt_tos.append(address)
         return "250 OK"
 
@@ -74,6 +78,7 @@ class Guards:
     sink: Sink
     commands: dict[str, str] = field(default_factory=dict)  # name -> eventId
     first_round: int = 0  # messages at the sink after the first dispatch
+    busy_first: dict[str, Any] = field(default_factory=dict)  # busy's status after it
     events: list[dict[str, Any]] = field(default_factory=list)
 
     def command(self, name: str, user: str, asset: str) -> None:
@@ -116,6 +121,7 @@ def guards(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guards]:
         "page": {"email": "page@example.com", "firstName": "Paige"},
         "gone": {"email": REFUSED},
         "reg": {"email": "reg@example.com"},
+        "busy": {"email": BUSY},
     }
     env_vars = {
         "MALLARD_SMTP_URL": f"smtp://127.0.0.1:{smtp_port}",
@@ -141,6 +147,7 @@ def guards(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guards]:
             g.command("page_news1", "page", "newsletter")
             g.command("gone1", "gone", "welcome")
             g.command("reg", "reg", "welcome")
+            g.command("busy", "busy", "welcome")
             wait_landed(env.server.data_dir, list(g.commands.values()))
             # Filed after the command was accepted and landed, before any dispatch.
             r = env.server.post(
@@ -150,6 +157,7 @@ def guards(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guards]:
             assert r.status_code == 200, r.text
             _pass(env)
             g.first_round = len(sink.raw)
+            g.busy_first = g.status("busy")
 
             _unsubscribe_on_the_hosted_page(sink.to("page@example.com"))
             g.command("page_news2", "page", "newsletter")
@@ -242,6 +250,19 @@ def test_a_suppressed_customer_gets_nothing(guards: Guards) -> None:
     if r.status_code == 200:
         assert r.json()["sends"] == []
     # The others' sends were not held up: the first dispatch delivered cat's welcome and page's
-    # newsletter.
+    # newsletter (busy's was greylisted).
     assert guards.first_round == 2
 
+
+def test_a_4xx_is_tried_again_later_and_then_sent(guards: Guards) -> None:
+    [first] = guards.busy_first["sends"]
+    assert (first["status"], first["attempts"]) == ("pending", 1)
+    assert "451" in first["error"] and "greylisted" in first["error"]
+    assert guards.busy_first["status"] == "processed"
+    # The next dispatch after the backoff (5 s) sent it, with the same Message-ID.
+    [then] = guards.status("busy")["sends"]
+    assert (then["status"], then["attempts"], then["sendId"]) == ("sent", 2, first["sendId"])
+    [received] = guards.sink.to(BUSY)
+    assert received["Message-ID"] == f"<{first['sendId']}@mallard>"
+    assert guards.sink.rcpt_attempts.count(BUSY) == 2
+    assert [e["eventAction"] for e in guards.outcomes("busy")] == ["email_sent"]
