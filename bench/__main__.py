@@ -21,7 +21,15 @@ from pathlib import Path
 
 from bench.stats import RESULTS
 
-SCENARIOS = ("ingest", "pipeline", "read_api", "freshness", "regulations", "delivery")
+SCENARIOS = (
+    "ingest",
+    "pipeline",
+    "read_api",
+    "freshness",
+    "regulations",
+    "delivery",
+    "journeys",
+)
 # Scenarios over the benchmark lake (bench/lake.py): they take its size; pipeline builds it.
 # regulations works on a copy of it (its Delete rewrites files).
 LAKE_SCENARIOS = ("pipeline", "read_api", "freshness", "regulations")
