@@ -51,7 +51,7 @@ $(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package-lock.json
 test-deps: install $(CHROMIUM) $(NODE_DEPS) ## install what the tests need beyond .venv (chromium, node SDKs)
 
 test: test-deps ## run the whole test suite (fault-injection variants: make test-faults)
-	$(VENV)/bin/python -m pytest
+	$(VENV)/bin/python -m pytest --durations=30
 	@echo "NOTE: the fault-injection variants (pytest -m faults) are not part of make test: run make test-faults"
 
 test-faults: test-deps ## the fault-injection variants: runs SIGKILLed mid-step, then run again
