@@ -30,7 +30,7 @@ import pytest
 from aiosmtpd.controller import Controller
 
 from mallard.harness import Server
-from tests.conftest import free_port, init_data_dir, wait_landed
+from tests.conftest import free_port, init_data_dir, mallard, wait_landed
 
 pytestmark = pytest.mark.integration
 
@@ -74,6 +74,12 @@ class Run:
 
     def at(self, t: datetime) -> None:
         self.clock.write_text(t.isoformat())
+
+    def dispatch(self) -> None:
+        """The dispatcher alone (no pass): what the watcher does between passes when a wait
+        falls due."""
+        out = mallard("dispatch", data_dir=self.server.data_dir, env=self.server.env)
+        assert out.returncode == 0, out.stdout + out.stderr
 
     def run_pass(self) -> None:
         out = self.server.pipeline()
@@ -170,17 +176,17 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         wait_landed(data, list(r.starts.values()))
         r.run_pass()  # enters everyone; the welcome goes out; the wait begins
         r.at(T0 + timedelta(days=1))
-        r.run_pass()  # a day in: nothing is due
+        r.dispatch()  # a day in: nothing is due
         r.after_first_day = {u: sink.subjects(t["email"]) for u, t in USERS.items()}
         r.at(T0 + timedelta(days=2, minutes=1))
-        r.run_pass()  # the wait is over: everyone waits for a click
+        r.dispatch()  # the wait is over: everyone waits for a click
         _click_welcome(sink, USERS["clicker"]["email"])
         r.at(T0 + timedelta(days=2, minutes=2))
         # The click lands through the collector; this pass loads it, then moves clicker on.
         _wait_landed_event(data, "email_clicked")
         r.run_pass()
         r.at(T0 + timedelta(days=3, minutes=5))
-        r.run_pass()  # the others time out: pro to done, basic to the reminder
+        r.dispatch()  # the others time out: pro to done, basic to the reminder
         r.run_pass()  # the last events load
         ev = server.get("events/", params={"sort": "asc", "size": 100})
         assert ev.status_code == 200, ev.text
