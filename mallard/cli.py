@@ -1,5 +1,5 @@
 """The `mallard` command line: init, serve, pipeline run, tokens, accounts, writekeys,
-regulations, demo, up, mailbox.
+regulations, sql, demo, up, mailbox.
 
 With mallard/app.py, the composition root: the only modules of mallard/ that import api/,
 collector/ and orchestration/ (each command imports what it runs, when it runs).
@@ -437,6 +437,12 @@ def cmd_mailbox(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sql(args: argparse.Namespace) -> int:
+    from mallard.sql_shell import run
+
+    return run(_paths(args), args.command, args.format)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from mallard.demo import send_demo_traffic
 
@@ -609,6 +615,13 @@ def build_parser() -> argparse.ArgumentParser:
     c = m.add_parser("show", parents=[common], help="print one message as it arrived")
     c.add_argument("message", metavar="N|MESSAGE-ID")
     s.set_defaults(fn=cmd_mailbox)
+
+    s = sub.add_parser(
+        "sql", parents=[common], help="the DuckDB shell on the warehouse (read-only, marts first)"
+    )
+    s.add_argument("-c", dest="command", metavar="SQL", help="run SQL, print, exit")
+    s.add_argument("--format", choices=("table", "csv", "json"), help="output mode")
+    s.set_defaults(fn=cmd_sql)
 
     s = sub.add_parser("demo", parents=[common], help="send demo traffic to a running server")
     s.add_argument("--url", default="http://127.0.0.1:8000")
