@@ -1,5 +1,5 @@
 """The `mallard` command line: init, serve, pipeline run, tokens, accounts, writekeys,
-regulations, sql, demo, up, mailbox.
+regulations, sql, import, demo, up, mailbox.
 
 With mallard/app.py, the composition root: the only modules of mallard/ that import api/,
 collector/ and orchestration/ (each command imports what it runs, when it runs).
@@ -443,6 +443,36 @@ def cmd_sql(args: argparse.Namespace) -> int:
     return run(_paths(args), args.command, args.format)
 
 
+def cmd_import_customers(args: argparse.Namespace) -> int:
+    from mallard.importer import BadRows, ImportFailed, import_customers, report
+
+    try:
+        result = import_customers(
+            _paths(args),
+            Path(args.file),
+            client_id=args.client,
+            account_id=args.account,
+            brand_id=args.brand,
+            mapping=args.map or [],
+        )
+    except ImportFailed as e:
+        print(f"mallard import: {e}", file=sys.stderr)
+        return 1
+    if isinstance(result, BadRows):
+        for line in report(result):
+            print(line, file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(result.as_dict()))
+    else:
+        print(
+            f"{result.read:,} rows read, {result.stored:,} stored,"
+            f" {result.dropped:,} dropped by regulations in {result.seconds:.1f} s"
+            f" ({result.rate:,.0f} rows/s)"
+        )
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from mallard.demo import send_demo_traffic
 
@@ -622,6 +652,24 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-c", dest="command", metavar="SQL", help="run SQL, print, exit")
     s.add_argument("--format", choices=("table", "csv", "json"), help="output mode")
     s.set_defaults(fn=cmd_sql)
+
+    s = sub.add_parser("import", help="import a file into the warehouse (docs/import.md)")
+    imp = s.add_subparsers(dest="import_cmd", required=True)
+    c = imp.add_parser(
+        "customers", parents=[common], help="a .csv, .parquet or .jsonl of customers as identifies"
+    )
+    c.add_argument("file")
+    c.add_argument("--client", required=True)
+    c.add_argument("--account", required=True)
+    c.add_argument("--brand", help="default: the account's only brand")
+    c.add_argument(
+        "--map",
+        action="append",
+        metavar="COLUMN=FIELD",
+        help="FIELD: userId, email, traits.<name> or - (drop); repeatable",
+    )
+    c.add_argument("--json", action="store_true", help="the summary as JSON")
+    c.set_defaults(fn=cmd_import_customers)
 
     s = sub.add_parser("demo", parents=[common], help="send demo traffic to a running server")
     s.add_argument("--url", default="http://127.0.0.1:8000")

@@ -10,7 +10,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("api", "collector", "mallard", "orchestration")
 # Where the applications are put together: the only mallard modules that import them.
-COMPOSITION_ROOT = {"mallard.app", "mallard.cli", "mallard.up"}
+# mallard.importer: `mallard import` runs a collector of its own (collector/ pieces) in-process.
+COMPOSITION_ROOT = {"mallard.app", "mallard.cli", "mallard.importer", "mallard.up"}
 
 
 def module_names() -> dict[str, Path]:

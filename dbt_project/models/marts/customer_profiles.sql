@@ -25,6 +25,8 @@
 -- against the brand's configured choices where those are known (the API). The winners live in
 -- this row, not a model of their own that each pass would write again for every changed customer.
 
+-- createdBy's filename (created_file) is the landing file, or for a row of `mallard import`
+-- (channel import) the imported file's name, which its context carries.
 with messages as (
     {{ merge_input(ref('int_messages_identified'), [
         "customer_id",
@@ -33,7 +35,8 @@ with messages as (
         "customer_user_id",
         "brand_id",
         "anonymous_id",
-        "landing_file",
+        "case when channel = 'import' then coalesce(context ->> '$.mallardImport.filename',"
+        ~ " landing_file) else landing_file end as landing_file",
         "channel",
         "event_id",
         "event_time",
