@@ -58,11 +58,13 @@ def records_to_tables(records: list[bytes]) -> dict[str, pa.Table]:
     return {day: pa.table(cols, schema=LANDING_SCHEMA) for day, cols in by_date.items()}
 
 
-def _write_atomic(table: pa.Table, target: Path) -> None:
+def write_atomic(table: pa.Table, target: Path, tag: str = "") -> None:
+    """Writes a Parquet file whole or not at all: a temp file, fsynced, renamed over the name,
+    the directory fsynced. `tag` marks the temp file's writer."""
     target.parent.mkdir(parents=True, exist_ok=True)
     # A per-process temp name: a roller orphaned by a killed server may still be finishing the
     # same segment while the next server's recovery rolls it; both produce the same file.
-    tmp = target.parent / f".{target.name}.{os.getpid()}.tmp"
+    tmp = target.parent / f".{target.name}.{os.getpid()}{tag}.tmp"
     pq.write_table(table, tmp, compression="zstd")
     fd = os.open(tmp, os.O_RDONLY)
     try:
@@ -77,14 +79,14 @@ def roll_segment(segment: Path, paths: DataPaths, collector_id: str) -> list[Pat
     """Land one segment's intact records; returns the landing files (new or already there)."""
     try:
         records = list(read_records(segment))
-    except FileNotFoundError:  # landed meanwhile by another roller (see _write_atomic)
+    except FileNotFoundError:  # landed meanwhile by another roller (see write_atomic)
         return []
     seq = segment_seq(segment)
     out = []
     for day, table in sorted(records_to_tables(records).items()):
         target = paths.landing_partition(day) / f"{collector_id}-{seq:016d}.parquet"
         if not target.exists():
-            _write_atomic(table, target)
+            write_atomic(table, target)
         out.append(target)
     segment.unlink(missing_ok=True)
     fsync_dir(segment.parent)

@@ -19,6 +19,7 @@ import re
 import threading
 import tomllib
 from dataclasses import dataclass
+from functools import cached_property
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,12 @@ class Rendered:
     subject: str | None
     text: str | None
     html: str | None
-    links: list[str]  # every href of the HTML's <a> and <area> tags, in order
+
+    @cached_property
+    def links(self) -> list[str]:
+        """Every href of the HTML's <a> and <area> tags, in order (parsed when asked: a send
+        takes its links from the HTML at send time, and parsing is most of a render's cost)."""
+        return links_of(self.html) if self.html is not None else []
 
 
 def assets_dir(config_dir: Path) -> Path:
@@ -272,7 +278,7 @@ def render(asset: Asset, data: dict[str, Any]) -> Rendered:
     if "body.html.ftl" in asset.templates:
         name = prefix + "body.html.ftl"
         html = compile_template(asset.templates["body.html.ftl"], name, True).render(data)
-    return Rendered(subject, text, html, links_of(html) if html is not None else [])
+    return Rendered(subject, text, html)
 
 
 # The merge data `mallard assets check` renders with when an asset has no sample.json; the

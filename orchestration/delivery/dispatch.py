@@ -729,6 +729,7 @@ def plan(paths: DataPaths, outbox: Outbox, result: DispatchResult, planning: Pla
                     mover = planning.mover(conn, outbox, facts, Seen())
                     for c in starts:  # entering twice enters once (instance ids)
                         mover.enter(c)
+                    mover.flush()
                     result.entered += mover.entered
 
             outbox.plan_many(planned, also=enter)
@@ -756,16 +757,22 @@ def advance(paths: DataPaths, outbox: Outbox, result: DispatchResult, planning: 
     try:
         for i in range(0, len(ids), JOURNEY_BATCH):
             chunk = ids[i : i + JOURNEY_BATCH]
-            found = outbox.read(partial(jr.load, ids=chunk))
-            customers = [inst.customer_id for inst in found]
-            since = min((min(x.started_real, x.step_entered_real) for x in found), default=0.0)
-            facts = lake.facts(customers, customers)
-            seen = jr.read_seen(lake, customers, since)
+            found = outbox.read(partial(jr.peek, ids=chunk))
+            customers = [cid for cid, _, _ in found]
+            since = min((t for _, _, t in found), default=0.0)
+            journeys = planning.journeys
+            facts = lake.facts(
+                customers,
+                [c for c, j, _ in found if jr.sends_push(journeys.get(j), planning.assets)],
+            )
+            watching = [c for c, j, _ in found if jr.watches_events(journeys.get(j))]
+            seen = jr.read_seen(lake, watching, since)
             _fault("journey_before_move")
             with outbox.transaction() as conn:
                 mover = planning.mover(conn, outbox, facts, seen)
                 for inst in jr.load(conn, chunk):
                     mover.move(inst)
+                mover.flush()
                 _fault("journey_in_move")
             _fault("journey_after_move")
             result.moved += mover.moved
@@ -881,19 +888,21 @@ def record(paths: DataPaths, outbox: Outbox, result: DispatchResult) -> None:
     under the same messageIds: stored once)."""
     from orchestration.delivery import journeys as jr
 
-    journey_events = outbox.read(jr.unrecorded)
     sends = outbox.unrecorded()
+    journey_events = outbox.read(jr.unrecorded)
     if not sends and not journey_events:
         return
+    outcomes = OutcomeLog(paths)
     now = datetime.now(UTC)
-    OutcomeLog(paths).write(
-        [outcome_message(s, now) for s in sends]
-        + [journey_message(row, now) for row in journey_events]
-    )
-    if journey_events:
+    outcomes.write([outcome_message(s, now) for s in sends])
+    outbox.mark_recorded([s.send_id for s in sends])
+    # The journeys' events a segment at a time (jr.unrecorded's limit each): a move of 100k
+    # customers makes 300k of them.
+    while journey_events:
+        outcomes.write([journey_message(row, now) for row in journey_events])
         with outbox.transaction() as conn:
             jr.mark_recorded(conn, [row[0] for row in journey_events])
-    outbox.mark_recorded([s.send_id for s in sends])
+        journey_events = outbox.read(jr.unrecorded)
     result.recorded += len(sends)
     for s in sends:
         if s.status == SENT:

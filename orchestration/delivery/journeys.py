@@ -194,12 +194,14 @@ def read_seen(lake: Lake, customer_ids: list[str], since: float) -> Seen:
     seen = Seen()
     if not customer_ids or not lake.has("intermediate", "int_messages_identified"):
         return seen
+    from mallard.warehouse import STRINGS, strings
+
     rows = lake.conn.execute(
         "select customer_id, lower(event_name), properties, epoch(received_at)"
         " from lake.intermediate.int_messages_identified"
-        " where customer_id in (select unnest(?)) and received_at >= to_timestamp(?)"
+        f" where customer_id in (select unnest({STRINGS})) and received_at >= to_timestamp(?)"
         " and event_name is not null",
-        [sorted(set(customer_ids)), since],
+        [strings(sorted(set(customer_ids))), since],
     ).fetchall()
     for cid, name, props, at in rows:
         seen.events.setdefault(cid, []).append(
@@ -237,6 +239,9 @@ class Mover:
         self.moved = 0
         self.exited = 0
         self._order: dict[str, int] = {}  # instance id -> events recorded in this move
+        self._events: list[tuple[Any, ...]] = []  # journey_events rows to insert (flush)
+        self._saves: dict[str, tuple[Any, ...]] = {}  # instance id -> its update (flush)
+        self._sends: list[tuple[str, dict[str, Any]]] = []  # (command eventId, send) (flush)
 
     # --- entering ---------------------------------------------------------------------------
 
@@ -256,10 +261,11 @@ class Mover:
             return None
         iid = instance_id(cmd.event_id, journey.journey_id)
         before = [
-            r[0]
+            # An instance moved in this transaction has its state here, not yet in its row.
+            self._saves[r[0]][5] if r[0] in self._saves else r[1]
             for r in self.conn.execute(
-                "select status from journey_instances where account_id = ? and journey_id = ?"
-                " and customer_id = ? and instance_id != ?",
+                "select instance_id, status from journey_instances where account_id = ?"
+                " and journey_id = ? and customer_id = ? and instance_id != ?",
                 (cmd.account_id, journey.journey_id, cmd.customer_id, iid),
             )
         ]
@@ -434,9 +440,7 @@ class Mover:
                 "instanceId": inst.instance_id,
                 "stepId": inst.step_id,
             }
-        from orchestration.delivery.outbox import insert_sends
-
-        insert_sends(self.conn, inst.command_event_id, rows, time.time())
+        self._sends += [(inst.command_event_id, r) for r in rows]
 
     def _channel(self, step: Step) -> str:
         """The channel of the step's asset (email for one that does not load: its send fails
@@ -457,35 +461,73 @@ class Mover:
         order = self._order.get(inst.instance_id, 0)
         self._order[inst.instance_id] = order + 1
         key = f"{inst.instance_id}:{event}:{seq}:{props.get('stepId')}"
-        self.conn.execute(
-            "insert or ignore into journey_events (event_key, instance_id, event, properties, at)"
-            " values (?, ?, ?, ?, ?)",
+        self._events.append(
             (
                 key,
                 inst.instance_id,
                 event,
                 json.dumps({"journeyId": inst.journey_id, "instanceId": inst.instance_id} | props),
                 self.now + order / 1000,
-            ),
+            )
         )
 
+    def flush(self) -> None:
+        """Writes the sends, events and instance states the moves made, in the transaction:
+        one statement each for the batch (the caller commits)."""
+        if self._sends:
+            from orchestration.delivery.outbox import insert_sends_many
+
+            insert_sends_many(self.conn, self._sends, time.time())
+            self._sends.clear()
+        if self._events:
+            self.conn.executemany(
+                "insert or ignore into journey_events"
+                " (event_key, instance_id, event, properties, at) values (?, ?, ?, ?, ?)",
+                self._events,
+            )
+            self._events.clear()
+        if self._saves:
+            self.conn.executemany(
+                "update journey_instances set step_id = ?, visits = ?, step_entered_at = ?,"
+                " step_entered_real = ?, due_at = ?, status = ?, exit_reason = ?, exited_at = ?"
+                " where instance_id = ?",
+                list(self._saves.values()),
+            )
+            self._saves.clear()
+
     def _save(self, inst: Instance) -> None:
-        self.conn.execute(
-            "update journey_instances set step_id = ?, visits = ?, step_entered_at = ?,"
-            " step_entered_real = ?, due_at = ?, status = ?, exit_reason = ?, exited_at = ?"
-            " where instance_id = ?",
-            (
-                inst.step_id,
-                json.dumps(inst.visits, sort_keys=True),
-                inst.step_entered_at,
-                inst.step_entered_real,
-                inst.due_at,
-                inst.status,
-                inst.exit_reason,
-                inst.exited_at,
-                inst.instance_id,
-            ),
+        self._saves[inst.instance_id] = (
+            inst.step_id,
+            json.dumps(inst.visits, sort_keys=True),
+            inst.step_entered_at,
+            inst.step_entered_real,
+            inst.due_at,
+            inst.status,
+            inst.exit_reason,
+            inst.exited_at,
+            inst.instance_id,
         )
+
+
+def sends_push(journey: Journey | None, assets: Mapping[str, Any]) -> bool:
+    """Whether a step of the journey sends a push (its customers' device tokens are read)."""
+    return journey is not None and any(
+        getattr(assets.get(s.asset or ""), "channel", None) == "push"
+        for s in journey.steps.values()
+        if s.type == "send"
+    )
+
+
+def watches_events(journey: Journey | None) -> bool:
+    """Whether moving the journey's customers needs their events: an exit_on, a wait_for, or
+    a branch on `events.*` (None: a journey no longer defined, which ends without them)."""
+    return journey is not None and (
+        journey.exit_on is not None
+        or any(
+            s.type == "wait_for" or any("events" in c.paths() for c, _ in s.cases)
+            for s in journey.steps.values()
+        )
+    )
 
 
 # --- reading the state ----------------------------------------------------------------------
@@ -527,16 +569,33 @@ def to_move(
     return [r[0] for r in rows]
 
 
+def peek(conn: sqlite3.Connection, ids: list[str]) -> list[tuple[str, str, float]]:
+    """(customer id, journey id, real time since when its events count) of the active
+    instances among `ids`: what reading their facts needs, without decoding their state."""
+    out: list[tuple[str, str, float]] = []
+    for i in range(0, len(ids), 500):
+        chunk = ids[i : i + 500]
+        out += conn.execute(
+            "select customer_id, journey_id, min(started_real, step_entered_real)"
+            " from journey_instances where +status = 'active'"
+            f" and instance_id in ({', '.join('?' * len(chunk))})",
+            chunk,
+        ).fetchall()
+    return out
+
+
 def load(conn: sqlite3.Connection, ids: list[str]) -> list[Instance]:
     """The active instances among `ids`, as they are now (read inside the moving transaction:
     another dispatcher may have moved them since they were picked)."""
     out: list[Instance] = []
     for i in range(0, len(ids), 500):
         chunk = ids[i : i + 500]
+        # `+status`: look the ids up by the primary key; on the status index SQLite reads every
+        # active instance for each chunk (100k active: 110 ms a chunk of 500 against 7 ms).
         out += [
             Instance.from_row(r)
             for r in conn.execute(
-                f"select {_COLUMNS} from journey_instances where status = 'active'"
+                f"select {_COLUMNS} from journey_instances where +status = 'active'"
                 f" and instance_id in ({', '.join('?' * len(chunk))})"
                 " order by started_at, instance_id",
                 chunk,
@@ -657,9 +716,10 @@ def dry_run(
                 rows = planning.plan_send_rows(cmd, facts, outbox)
                 outcome = (
                     ", ".join(
-                        f"{r['status'] if r['status'] != 'pending' else 'would send'}"
-                        + (f": {r['reason']}" if r.get("reason") else "")
-                        + (f" to {r['recipient']}" if r.get("recipient") else "")
+                        f"would send to {r['recipient']}"
+                        if r["status"] == "pending"
+                        else f"{r['status']}: {r['reason']}"
+                        + (f" ({r['recipient']})" if r.get("recipient") else "")
                         for r in rows
                     )
                     or "nothing (the customer is regulated)"

@@ -81,12 +81,20 @@ def insert_sends(
 ) -> int:
     """Insert sends (dicts of the sends columns) of a command; a send id already there stays
     as it is. The rows inserted."""
-    inserted = 0
-    for s in sends:
-        cur = conn.execute(
-            "insert or ignore into sends (send_id, command_event_id, account_id, channel,"
-            " recipient, asset_id, status, reason, payload, created_at, updated_at)"
-            " values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    return insert_sends_many(conn, [(command_event_id, s) for s in sends], now)
+
+
+def insert_sends_many(
+    conn: sqlite3.Connection, sends: list[tuple[str, dict[str, Any]]], now: float
+) -> int:
+    """`insert_sends` for the sends of several commands ((command eventId, send) each), in one
+    statement."""
+    before = conn.total_changes
+    conn.executemany(
+        "insert or ignore into sends (send_id, command_event_id, account_id, channel,"
+        " recipient, asset_id, status, reason, payload, created_at, updated_at)"
+        " values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [
             (
                 s["send_id"],
                 command_event_id,
@@ -99,10 +107,11 @@ def insert_sends(
                 json.dumps(s.get("payload", {})),
                 now,
                 now,
-            ),
-        )
-        inserted += cur.rowcount
-    return inserted
+            )
+            for command_event_id, s in sends
+        ],
+    )
+    return conn.total_changes - before
 
 
 def send_id(command_event_id: str, channel: str, recipient: str) -> str:
@@ -143,6 +152,7 @@ class Outbox:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.lease_s = lease_s
+        self._suppressed: dict[tuple[str, str], set[str]] = {}  # see is_suppressed
         self._conn = sqlite3.connect(path, timeout=30, isolation_level=None)
         self._conn.execute("pragma journal_mode=wal")
         self._conn.execute("pragma synchronous=full")
@@ -321,14 +331,23 @@ class Outbox:
                 "insert or ignore into suppressed_addresses values (?, ?, ?, ?, ?)",
                 (account_id, channel, address.lower(), reason, time.time()),
             )
+        if (account_id, channel) in self._suppressed:
+            self._suppressed[(account_id, channel)].add(address.lower())
 
     def is_suppressed(self, account_id: str, channel: str, address: str) -> bool:
-        row = self._conn.execute(
-            "select 1 from suppressed_addresses where account_id = ? and channel = ?"
-            " and address = ?",
-            (account_id, channel, address.lower()),
-        ).fetchone()
-        return row is not None
+        """Whether a bounce suppressed the address: the account's suppressed addresses of the
+        channel are read once per Outbox (planning asks for every send) and follow this
+        Outbox's own suppressions."""
+        key = (account_id, channel)
+        if key not in self._suppressed:
+            self._suppressed[key] = {
+                r[0]
+                for r in self._conn.execute(
+                    "select address from suppressed_addresses where account_id = ? and channel = ?",
+                    key,
+                )
+            }
+        return address.lower() in self._suppressed[key]
 
     def disable_token(self, account_id: str, token: str) -> None:
         with self._tx() as conn:

@@ -38,6 +38,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from collector.roller import write_atomic
+from collector.wal import fsync_dir
 from mallard.paths import DataPaths
 from mallard.regulations import ANONYMOUS, MESSAGE, USER, RegulationStore
 from orchestration.column_stats import metadata_sql
@@ -211,7 +213,7 @@ def purge_landing(paths: DataPaths, subject: Subject) -> tuple[int, int]:
             n = pc.sum(mask).as_py() or 0
             if not n:
                 continue
-            _write_atomic(table.filter(pc.invert(mask)), path)
+            write_atomic(table.filter(pc.invert(mask)), path, tag=".purge")
             rewritten += 1
             removed += n
     return rewritten, removed
@@ -233,26 +235,6 @@ def _landing_with_subject(paths: DataPaths, subject: Subject) -> list[Path]:
     finally:
         conn.close()
     return sorted(Path(r[0]) for r in rows)
-
-
-def _write_atomic(table: pa.Table, target: Path) -> None:
-    tmp = target.parent / f".{target.name}.{os.getpid()}.purge.tmp"
-    pq.write_table(table, tmp, compression="zstd")
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, target)
-    _fsync_dir(target.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # --- the lake's files and catalog ------------------------------------------------------------
@@ -488,7 +470,7 @@ def purge_text_lines(files: Iterable[Path], strings: list[str]) -> tuple[int, in
             f.flush()
             os.fsync(f.fileno())
         os.rename(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
         rewritten += 1
         removed += len(lines) - len(kept)
     return rewritten, removed
