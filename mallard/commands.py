@@ -28,6 +28,8 @@ SEND_CHANNELS = {
     "send_print": "print",
     "send_push": "push",
 }
+# The send command of each channel (a journey's send step sends its asset's channel).
+SEND_COMMAND = {channel: command for command, channel in SEND_CHANNELS.items()}
 START_JOURNEY = "start_journey"
 COMMANDS = frozenset({*SEND_CHANNELS, START_JOURNEY})
 # How often the catalog looks whether config/assets or config/journeys changed.

@@ -46,6 +46,7 @@ from urllib.parse import quote
 from collector.messages import Tenant, stamp
 from collector.roller import recover, roll_segment
 from collector.wal import SEALED_SUFFIX, frame, fsync_dir
+from mallard.commands import SEND_CHANNELS, START_JOURNEY
 from mallard.paths import DataPaths
 from mallard.warehouse import STRINGS, strings
 from orchestration.delivery.outbox import FAILED, PENDING, SENT, SKIPPED, Outbox, Send, send_id
@@ -53,18 +54,11 @@ from orchestration.delivery.outbox import FAILED, PENDING, SENT, SKIPPED, Outbox
 log = logging.getLogger(__name__)
 
 DISPATCH_COLLECTOR = "dispatch"
-CHANNEL_OF = {
-    "send_email": "email",
-    "send_sms": "sms",
-    "send_push": "push",
-    "send_print": "print",
-}
 MAX_ATTEMPTS = 5
 # Commands planned per warehouse read and outbox transaction.
 PLAN_BATCH = 1000
 # Journey instances moved per warehouse read and outbox transaction.
 JOURNEY_BATCH = 2000
-START_JOURNEY = "start_journey"
 BACKOFF_S = (5.0, 30.0, 120.0, 600.0)
 HTTP_TIMEOUT_S = 10.0
 SIGNATURE_PURPOSE = "mallard webhook signature v1"
@@ -392,7 +386,7 @@ def plan_command(
     broken: Mapping[str, Exception] | None = None,
 ) -> list[dict[str, Any]]:
     """The sends of one command, each in its first state (see the module docstring)."""
-    channel = CHANNEL_OF.get(cmd.command)
+    channel = SEND_CHANNELS.get(cmd.command)
     if channel is None:  # start_journey: the journeys' runner takes it
         return []
     if regulated.excludes(cmd.account_id, cmd.user_id):
@@ -753,6 +747,10 @@ def advance(paths: DataPaths, outbox: Outbox, result: DispatchResult, planning: 
     )
     if not ids:
         return
+    push = {
+        j for j, journey in planning.journeys.items() if jr.sends_push(journey, planning.assets)
+    }
+    watch = {j for j, journey in planning.journeys.items() if jr.watches_events(journey)}
     lake = Lake(paths)
     try:
         for i in range(0, len(ids), JOURNEY_BATCH):
@@ -760,12 +758,8 @@ def advance(paths: DataPaths, outbox: Outbox, result: DispatchResult, planning: 
             found = outbox.read(partial(jr.peek, ids=chunk))
             customers = [cid for cid, _, _ in found]
             since = min((t for _, _, t in found), default=0.0)
-            journeys = planning.journeys
-            facts = lake.facts(
-                customers,
-                [c for c, j, _ in found if jr.sends_push(journeys.get(j), planning.assets)],
-            )
-            watching = [c for c, j, _ in found if jr.watches_events(journeys.get(j))]
+            facts = lake.facts(customers, [c for c, j, _ in found if j in push])
+            watching = [c for c, j, _ in found if j in watch]
             seen = jr.read_seen(lake, watching, since)
             _fault("journey_before_move")
             with outbox.transaction() as conn:

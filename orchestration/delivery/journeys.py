@@ -417,10 +417,11 @@ class Mover:
         )
 
     def _send(self, inst: Instance, step: Step) -> None:
-        from orchestration.delivery.dispatch import CHANNEL_OF, Command
+        from mallard.commands import SEND_COMMAND
+        from orchestration.delivery.dispatch import Command
 
         visit = inst.visits.get(inst.step_id, 1)
-        command = {v: k for k, v in CHANNEL_OF.items()}.get(self._channel(step), "send_email")
+        command = SEND_COMMAND.get(self._channel(step), "send_email")
         cmd = Command(
             f"{inst.instance_id}:{inst.step_id}:{visit}",
             "",
@@ -645,7 +646,8 @@ def dry_run(
     are not sent), waits are passed over, a wait_for's event is taken as happening when named
     in `happens` (else it times out), and branches are decided on current data with each
     event in `happens` counted once. LookupError when the userId names no one customer."""
-    from orchestration.delivery.dispatch import CHANNEL_OF, Command, Lake, Planning, outbox_path
+    from mallard.commands import SEND_COMMAND
+    from orchestration.delivery.dispatch import Command, Lake, Planning, outbox_path
     from orchestration.delivery.outbox import Outbox
 
     lake = Lake(paths)
@@ -700,7 +702,7 @@ def dry_run(
             head = f"{current} ({step.type})"
             if step.type == "send":
                 channel = str(getattr(planning.assets.get(step.asset or ""), "channel", "email"))
-                command = {v: k for k, v in CHANNEL_OF.items()}.get(channel, "send_email")
+                command = SEND_COMMAND.get(channel, "send_email")
                 cmd = Command(
                     f"dry-run:{current}",
                     "",
