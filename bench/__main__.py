@@ -29,6 +29,7 @@ SCENARIOS = (
     "regulations",
     "delivery",
     "journeys",
+    "importer",
 )
 # Scenarios over the benchmark lake (bench/lake.py): they take its size; pipeline builds it.
 # regulations works on a copy of it (its Delete rewrites files).
