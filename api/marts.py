@@ -13,6 +13,9 @@ CUSTOMERS = "customers"
 CUSTOMER_IDENTIFIERS = "customer_identifiers"
 CUSTOMER_PREFERENCES = "customer_preferences"
 FRESHNESS = "freshness"
+# Audiences as code (docs/audiences.md): one row per audience file, and the membership history.
+AUDIENCES = "audiences"
+AUDIENCE_MEMBERS = "audience_members"
 # The marts the index and the freshness headers answer from; a snapshot that changed none of them
 # answers as the one before.
 SERVED = (PROFILES, EVENTS, FRESHNESS)

@@ -30,10 +30,11 @@ SCENARIOS = (
     "delivery",
     "journeys",
     "importer",
+    "audiences",
 )
 # Scenarios over the benchmark lake (bench/lake.py): they take its size; pipeline builds it.
-# regulations works on a copy of it (its Delete rewrites files).
-LAKE_SCENARIOS = ("pipeline", "read_api", "freshness", "regulations")
+# regulations and audiences work on a copy of it (a Delete rewrites files; audiences add models).
+LAKE_SCENARIOS = ("pipeline", "read_api", "freshness", "regulations", "audiences")
 
 
 def machine() -> str:

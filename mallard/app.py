@@ -173,6 +173,7 @@ def resume_regulations(store: RegulationStore, runs: RegulationRuns) -> None:
 
 
 def create_app(settings: Settings | None = None) -> Litestar:
+    from api.audiences import ROUTES as AUDIENCE_ROUTES
     from api.email_links import ROUTES as EMAIL_ROUTES
     from api.event_status import ROUTES as STATUS_ROUTES
     from api.middleware import add_freshness
@@ -224,6 +225,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             *CLIENT_ROUTES,
             *TAG_ROUTES,
             *API_ROUTES,
+            *AUDIENCE_ROUTES,
             *STATUS_ROUTES,
             *PREFERENCE_ROUTES,
             *EMAIL_ROUTES,

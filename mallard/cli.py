@@ -234,6 +234,27 @@ def cmd_journeys_check(args: argparse.Namespace) -> int:
     return 0 if all(r.ok for r in results) else 1
 
 
+def cmd_audiences_check(args: argparse.Namespace) -> int:
+    from mallard.audiences import audiences_dir, check
+    from mallard.config import config_dir
+    from mallard.warehouse import connect
+
+    directory = audiences_dir(Path(args.config_dir) if args.config_dir else config_dir())
+    paths = _paths(args)
+    # Bound against the marts when the lake has them; else each file is only read.
+    con = connect(paths, read_only=True) if paths.lake_catalog.exists() else None
+    try:
+        results = check(con, directory)
+    finally:
+        if con is not None:
+            con.close()
+    for r in results:
+        print(r.line)
+    if not results:
+        print(f"no audiences under {directory}")
+    return 0 if all(r.ok for r in results) else 1
+
+
 def cmd_journeys_dry_run(args: argparse.Namespace) -> int:
     from mallard.config import config_dir
     from mallard.journeys import JourneyError, load_journeys_and_errors
@@ -580,6 +601,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="take this event as happening (wait_for goes on; events.<name> counts 1); repeat",
     )
     c.set_defaults(fn=cmd_journeys_dry_run)
+
+    s = sub.add_parser("audiences", help="audiences (config/audiences/<name>.sql)")
+    au = s.add_subparsers(dest="audiences_cmd", required=True)
+    c = au.add_parser(
+        "check", parents=[common], help="read every audience file and bind it against the marts"
+    )
+    c.add_argument("--config-dir", help="config directory (default: $MALLARD_CONFIG_DIR)")
+    c.set_defaults(fn=cmd_audiences_check)
 
     s = sub.add_parser(
         "dispatch",

@@ -36,11 +36,16 @@ def hmac_pads(secret_hex: str) -> tuple[str, str]:
 
 
 def dbt_env(paths: DataPaths) -> dict[str, str]:
-    """What the dbt project reads from its environment: the data dir (profiles.yml) and the
-    HMAC pads the customers model computes subscription ids with."""
+    """What the dbt project reads from its environment: the data dir (profiles.yml), the
+    HMAC pads the customers model computes subscription ids with, and the directory of the
+    audience files (read when int_audience_matches runs, not when dbt parses)."""
+    from mallard.audiences import DIR_ENV, audiences_dir
+    from mallard.config import config_dir
+
     ipad, opad = hmac_pads(ensure_secret(paths))
     return {
         "MALLARD_DATA_DIR": str(paths.root),
+        DIR_ENV: str(audiences_dir(config_dir())),
         "MALLARD_HMAC_IPAD": ipad,
         "MALLARD_HMAC_OPAD": opad,
         **TELEMETRY_OFF,

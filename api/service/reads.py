@@ -6,7 +6,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from api.marts import CUSTOMER_IDENTIFIERS, CUSTOMERS, EVENTS, PROFILES, at
+from api.marts import (
+    AUDIENCE_MEMBERS,
+    AUDIENCES,
+    CUSTOMER_IDENTIFIERS,
+    CUSTOMERS,
+    EVENTS,
+    PROFILES,
+    at,
+)
 from api.pages import PagesLost
 from api.params import EventQuery
 from api.service.serving import Serving
@@ -124,4 +132,40 @@ class Warehouse(Serving):
             f" from {at(CUSTOMER_IDENTIFIERS, snap.version)}"
             " where customer_id in (select unnest(?)) order by id_type, first_seen, id_value",
             [customer_ids],
+        )
+
+    # --- audiences ---------------------------------------------------------------------------
+
+    def audiences(self, snap: Snapshot, account_id: str) -> list[tuple[Any, ...]]:
+        """(audience, status, error, members in the account) of every audience file."""
+        return self._query(
+            "select a.audience, a.status, a.error, count(m.customer_id)"
+            f" from (from {at(AUDIENCES, snap.version)}) as a"
+            f" left join (from {at(AUDIENCE_MEMBERS, snap.version)}) as m"
+            " on m.audience = a.audience and m.account_id = ? and m.left_at is null"
+            " group by all order by a.audience",
+            [account_id],
+        )
+
+    def audience_member_page(
+        self,
+        snap: Snapshot,
+        account_id: str,
+        audience: str,
+        after: str | None,
+        offset: int,
+        size: int,
+    ) -> list[tuple[Any, ...]] | None:
+        """(customer_id, user_id, entered_at) of the audience's current members in the account,
+        by customer id after `after`; None when no such audience file is known."""
+        known = self._query(
+            f"select 1 from {at(AUDIENCES, snap.version)} where audience = ?", [audience]
+        )
+        if not known:
+            return None
+        return self._query(
+            f"select customer_id, user_id, entered_at from {at(AUDIENCE_MEMBERS, snap.version)}"
+            " where audience = ? and account_id = ? and left_at is null and customer_id > ?"
+            " order by customer_id limit ? offset ?",
+            [audience, account_id, after or "", size, offset],
         )

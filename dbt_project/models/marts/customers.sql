@@ -25,10 +25,20 @@ objects as (
     from candidates
 ),
 
+-- The audiences each customer is in now, by name (audience_members: rows not left).
+audiences as (
+    select
+        customer_id,
+        to_json(list(audience order by audience)) as audiences_static
+    from {{ ref('audience_members') }}
+    where left_at is null
+    group by customer_id
+),
+
 -- The metadata object without its events: the traits patched with the customer's metadata.
 profiles as (
     select
-        *,
+        customer_profiles.*,
         json_merge_patch(
             traits,
             json_object(
@@ -41,11 +51,12 @@ profiles as (
                     'createdTime', {{ iso_ts('created_time') }},
                     'type', created_channel
                 ),
-                'audiencesStatic', '[]'::json,
+                'audiencesStatic', coalesce(audiences.audiences_static, '[]'::json),
                 'lastActivityTime', {{ iso_ts('last_activity_time') }}
             )
         ) as metadata_base
-    from {{ ref('customer_profiles') }}
+    from {{ ref('customer_profiles') }} as customer_profiles
+    left join audiences on customer_profiles.customer_id = audiences.customer_id
 ),
 
 final as (
