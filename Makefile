@@ -50,8 +50,12 @@ $(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package-lock.json
 
 test-deps: install $(CHROMIUM) $(NODE_DEPS) ## install what the tests need beyond .venv (chromium, node SDKs)
 
+# Two workers, each taking whole files (a file's module-scoped server and pass stay shared): the
+# integration tests wait on subprocesses much of the time, so two share the 2 cores well. Tests
+# marked solo (`mallard up` starting and stopping everything) run afterwards on their own.
 test: test-deps ## run the whole test suite (fault-injection variants: make test-faults)
-	$(VENV)/bin/python -m pytest --durations=30
+	$(VENV)/bin/python -m pytest -n 2 --dist loadfile -m 'not faults and not solo' --durations=30
+	$(VENV)/bin/python -m pytest -m solo --durations=5
 	@echo "NOTE: the fault-injection variants (pytest -m faults) are not part of make test: run make test-faults"
 
 test-faults: test-deps ## the fault-injection variants: runs SIGKILLed mid-step, then run again

@@ -8,9 +8,11 @@ collector/ and orchestration/ (each command imports what it runs, when it runs).
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import gc
 import json
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -707,6 +709,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # `kill -USR1 PID` prints every thread's stack to stderr (the process's log under data/run/
+    # for the processes `mallard up` starts): how a stuck serve, watcher or stop is diagnosed.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     args = build_parser().parse_args(argv)
     try:
         return int(args.fn(args))
