@@ -11,7 +11,8 @@ command returns once every stored row is fsynced and landed, so its exit is the 
 - validate alone: the same file with one bad row appended as the last line; every row is
   checked, the command exits 1 naming that line, and nothing is stored.
 - the import: rows per second to durable, the importer's own figure (`--json`: from its start,
-  after Python's imports), and the process's peak RSS (wait4 on its PID).
+  after Python's imports), the process's CPU time (user + sys: other load on the cores stretches
+  the wall time much more than it) and peak RSS (wait4 on its PID).
 - baseline, in the same run: polars reads the CSV and writes it as one Parquet file, fsynced
   (the floor of a read and a durable write of the same rows on this host at this moment).
 
@@ -61,8 +62,8 @@ def customers_csv(path: Path, n: int) -> None:
     ).write_csv(path)
 
 
-def cli(args: list[str], data_dir: Path, deadline: float) -> tuple[int, float, float, str, str]:
-    """`mallard <args>`: (returncode, wall s, peak RSS MiB, stdout, stderr). Its rusage is its
+def cli(args: list[str], data_dir: Path, deadline: float) -> tuple[int, float, Any, str, str]:
+    """`mallard <args>`: (returncode, wall s, rusage, stdout, stderr). Its rusage is its
     own (wait4 on its PID); killed by PID at the deadline."""
     env = {**os.environ, "MALLARD_DATA_DIR": str(data_dir), "DO_NOT_TRACK": "1"}
     out_path, err_path = data_dir / "bench-import.out", data_dir / "bench-import.err"
@@ -89,7 +90,7 @@ def cli(args: list[str], data_dir: Path, deadline: float) -> tuple[int, float, f
     return (
         proc.returncode,
         wall,
-        usage.ru_maxrss / 1024,
+        usage,
         out_path.read_text(),
         err_path.read_text(),
     )
@@ -148,21 +149,26 @@ def run(n: int, deadline: float) -> list[dict[str, object]]:
         base_s = baseline(csv, work / "baseline.parquet")
         print(f"baseline (polars CSV -> Parquet, fsynced): {base_s:.2f} s", flush=True)
 
-        rc, val_s, val_rss, _, err = cli(
+        rc, val_s, val_use, _, err = cli(
             ["import", "customers", str(bad_csv), *tenant], data_dir, deadline
         )
         bad_line = f"line {n + 2}: email is not a valid address"
         if rc != 1 or bad_line not in err:
             raise RuntimeError(f"validation run: exit {rc}, expected {bad_line!r}:\n{err}")
         stored_by_bad = landed(data_dir)[0]
+        val_rss = val_use.ru_maxrss / 1024
         print(f"validate alone: {val_s:.2f} s (exit 1, {bad_line}), peak RSS {val_rss:.0f} MiB")
 
-        rc, imp_s, imp_rss, out, err = cli(
+        rc, imp_s, imp_use, out, err = cli(
             ["import", "customers", str(csv), *tenant, "--json"], data_dir, deadline
         )
         if rc != 0:
             raise RuntimeError(f"import failed ({rc}):\n{err}")
         summary: dict[str, Any] = json.loads(out)
+        imp_rss = imp_use.ru_maxrss / 1024
+        # CPU seconds (user + sys, every thread): other processes on the cores stretch the
+        # wall time, much less the CPU time, so rows per CPU second compares across runs.
+        imp_cpu = imp_use.ru_utime + imp_use.ru_stime
         print(f"import: {imp_s:.2f} s wall, {summary}, peak RSS {imp_rss:.0f} MiB", flush=True)
     finally:
         server.stop()
@@ -179,6 +185,8 @@ def run(n: int, deadline: float) -> list[dict[str, object]]:
         row("import to durable", round(rate), "rows/s", f">= {GOAL:,}", rate >= GOAL),
         row("  importer's own figure (after Python start)", summary["rowsPerSecond"], "rows/s"),
         row("  import / baseline", round(imp_s / base_s, 2), "ratio"),
+        row("  CPU time of the import (user + sys)", round(imp_cpu, 2), "s"),
+        row("  rows per CPU second", round(n / imp_cpu), "rows/s"),
         row("  peak RSS (import)", round(imp_rss), "MiB"),
         row("  peak RSS (validate alone)", round(val_rss), "MiB"),
         row(
