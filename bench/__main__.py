@@ -85,8 +85,9 @@ def report(
     return "\n".join(lines) + "\n"
 
 
-def plot(results: dict[str, dict | None]) -> list[str]:
-    """Write PNG plots next to the report; returns their file names."""
+def plot(results: dict[str, dict | None], throughput: bool = True) -> list[str]:
+    """Write PNG plots next to the report (the throughput bars only if `throughput`); returns
+    their file names."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -98,7 +99,7 @@ def plot(results: dict[str, dict | None]) -> list[str]:
         for name, res in results.items()
         if res
         for r in res.get("rows", [])
-        if str(r.get("unit", "")).endswith("/s")
+        if throughput and str(r.get("unit", "")).endswith("/s")
     ]
     if bars:
         fig, ax = plt.subplots(figsize=(8, 0.5 * len(bars) + 1.5))
@@ -176,10 +177,14 @@ def main() -> int:
         results[name] = json.loads(out.read_text()) if rc == 0 and out.exists() else None
         failed += results[name] is None
     text = report(results, "python -m bench " + " ".join(sys.argv[1:]), took)
-    text += "".join(f"\n![{png}]({png})\n" for png in plot(results))
-    (RESULTS / "report.md").write_text(text)
+    # A run of some scenarios leaves the whole-run report and its throughput chart as they are
+    # (they hold every scenario's figures) and writes its own report beside them.
+    whole = not args.only
+    text += "".join(f"\n![{png}]({png})\n" for png in plot(results, throughput=whole))
+    out = RESULTS / ("report.md" if whole else "report-only.md")
+    out.write_text(text)
     print("\n" + text)
-    print(f"report: {RESULTS / 'report.md'}")
+    print(f"report: {out}")
     return 1 if failed else 0
 
 
