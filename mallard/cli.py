@@ -1,5 +1,5 @@
 """The `mallard` command line: init, serve, pipeline run, tokens, accounts, writekeys,
-regulations, sql, import, demo, up, mailbox.
+regulations, sql, docs, import, demo, up, mailbox.
 
 With mallard/app.py, the composition root: the only modules of mallard/ that import api/,
 collector/ and orchestration/ (each command imports what it runs, when it runs).
@@ -466,6 +466,12 @@ def cmd_sql(args: argparse.Namespace) -> int:
     return run(_paths(args), args.command, args.format)
 
 
+def cmd_docs(args: argparse.Namespace) -> int:
+    from orchestration.dbt_docs import run
+
+    return run(_paths(args), args.host, args.port, serve_site=not args.no_serve)
+
+
 def cmd_import_customers(args: argparse.Namespace) -> int:
     from mallard.importer import BadRows, ImportFailed, import_customers, report
 
@@ -683,6 +689,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-c", dest="command", metavar="SQL", help="run SQL, print, exit")
     s.add_argument("--format", choices=("table", "csv", "json"), help="output mode")
     s.set_defaults(fn=cmd_sql)
+
+    s = sub.add_parser(
+        "docs", parents=[common], help="the dbt docs site of the warehouse, served on loopback"
+    )
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8080, help="0: a free port (the URL is printed)")
+    s.add_argument("--no-serve", action="store_true", help="generate the site, print its path")
+    s.set_defaults(fn=cmd_docs)
 
     s = sub.add_parser("import", help="import a file into the warehouse (docs/import.md)")
     imp = s.add_subparsers(dest="import_cmd", required=True)

@@ -102,6 +102,12 @@ class DataPaths:
         return self.root / "dbt" / "logs"
 
     @property
+    def dbt_docs(self) -> Path:
+        """`mallard docs`: the dbt docs site (index.html, manifest.json, catalog.json), its own
+        target dir so it never touches the passes' parse state in dbt_target."""
+        return self.root / "dbt" / "docs"
+
+    @property
     def run_dir(self) -> Path:
         """PID files and logs of processes started by `make run`."""
         return self.root / "run"
