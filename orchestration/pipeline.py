@@ -122,6 +122,8 @@ def with_dbt_tally(steps: list[StepResult], dbt: DbtTally | None) -> list[StepRe
 
 
 def summarize(result: dg.ExecuteInProcessResult) -> list[StepResult]:
+    from orchestration.defs.checks import MART_CHECK_KEYS
+
     steps: list[StepResult] = []
     load = [
         e
@@ -137,8 +139,14 @@ def summarize(result: dg.ExecuteInProcessResult) -> list[StepResult]:
         for e in result.get_asset_materialization_events()
         if e.asset_key != dg.AssetKey(["raw", "messages"])
     ]
-    checks = [e for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
-    failed_checks = [e for e in checks if not e.event_specific_data.passed]  # type: ignore[union-attr]
+    evaluations = [
+        e.event_specific_data
+        for e in result.all_events
+        if e.event_type_value == "ASSET_CHECK_EVALUATION"
+    ]
+    health = [c for c in evaluations if c.asset_check_key in MART_CHECK_KEYS]  # type: ignore[union-attr]
+    checks = [c for c in evaluations if c.asset_check_key not in MART_CHECK_KEYS]  # type: ignore[union-attr]
+    failed_checks = [c for c in checks if not c.passed]  # type: ignore[union-attr]
     failures = failed_steps(result)
     steps += failures
     if models or checks:
@@ -151,9 +159,25 @@ def summarize(result: dg.ExecuteInProcessResult) -> list[StepResult]:
                 f"{len(checks) - len(failed_checks)}/{len(checks)} tests passed",
             )
         )
+    if health:
+        steps.append(health_step(health))  # type: ignore[arg-type]
     if not steps:
         steps.append(StepResult("pipeline", result.success, "nothing ran"))
     return steps
+
+
+def health_step(evaluations: list[dg.AssetCheckEvaluation]) -> StepResult:
+    """The marts' health checks (orchestration/defs/checks.py) in one line: a failed check of
+    severity ERROR fails the pass, a WARN one is named and the pass goes on."""
+    failed = [c for c in evaluations if not c.passed]
+    errors = [c for c in failed if c.severity == dg.AssetCheckSeverity.ERROR]
+    summary = f"{len(evaluations) - len(failed)}/{len(evaluations)} checks passed"
+    if failed:
+        summary += "; " + "; ".join(
+            f"{c.check_name} ({c.severity.value.lower()}): {c.description or 'failed'}"
+            for c in failed
+        )
+    return StepResult("marts health", not errors, summary)
 
 
 def failed_steps(result: dg.ExecuteInProcessResult) -> list[StepResult]:

@@ -1,4 +1,4 @@
-"""Dagster definitions by area (ingest, dbt, maintenance), merged by build_definitions()."""
+"""Dagster definitions by area (ingest, dbt, checks, maintenance), merged by build_definitions()."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import dagster as dg
 
 from mallard.paths import DataPaths
 from orchestration.context import ensure_dagster_home
+from orchestration.defs.checks import marts_health_checks, with_freshness_policy
 from orchestration.defs.dbt import build_dbt_assets
 from orchestration.defs.delivery import dispatch, dispatch_after_pass, dispatch_when_due
 from orchestration.defs.ingest import PIPELINE, backstop_schedule, new_files_sensor, raw_messages
@@ -26,14 +27,18 @@ def build_definitions(data_dir: Path) -> dg.Definitions:
     paths = DataPaths(data_dir.resolve())
     ensure_dagster_home(paths)
     dbt_models, dbt_resource = build_dbt_assets(paths)
+    dbt_models = dbt_models.map_asset_specs(with_freshness_policy)
     pipeline = dg.define_asset_job(
         PIPELINE,
-        selection=dg.AssetSelection.assets(raw_messages, dbt_models),
-        description="Load new landing files, then build every dbt model and run its tests (a "
-        "pass selects the checks of the tests it runs: orchestration/defs/dbt.py pass_subset).",
+        selection=dg.AssetSelection.assets(raw_messages, dbt_models)
+        | dg.AssetSelection.checks(marts_health_checks),
+        description="Load new landing files, then build every dbt model and run its tests and the "
+        "marts' health checks (a pass selects the checks of the tests it runs: "
+        "orchestration/defs/dbt.py pass_subset).",
     )
     return dg.Definitions(
         assets=[raw_messages, dbt_models],
+        asset_checks=[marts_health_checks],
         jobs=[pipeline, maintenance, compaction, regulation, dispatch],
         sensors=[new_files_sensor(), fragmentation_sensor, dispatch_after_pass, dispatch_when_due],
         schedules=[backstop_schedule(), maintenance_nightly],

@@ -28,6 +28,7 @@ from mallard.paths import DataPaths
 from mallard.settings import get_settings
 from orchestration.context import DBT_DIR, yield_cpu_to_readers
 from orchestration.dbt_in_process import in_process_dbt
+from orchestration.defs.checks import MART_CHECK_KEYS
 from orchestration.environment import dbt_env, dbt_environment
 from orchestration.resources import LakeResource
 from orchestration.window import (
@@ -125,9 +126,10 @@ def pass_subset(
 ) -> tuple[AbstractSet[dg.AssetKey], AbstractSet[dg.AssetCheckKey]] | None:
     """What the next pass selects of the pipeline job, whoever launches it. None, all of it, when
     every test is due (after the dbt project changed, and on a data dir's first pass); else every
-    asset and the checks of the tests every pass runs (LIGHT_TESTS excluded, as dbt_build_args
-    excludes them): a run that selects a check dbt does not run ends with the check's output not
-    yielded ("did not yield expected outputs") and the check skipped."""
+    asset, the marts' health checks and the checks of the tests every pass runs (LIGHT_TESTS
+    excluded, as dbt_build_args excludes them): a run that selects a check dbt does not run
+    ends with the check's output not yielded ("did not yield expected outputs") and the check
+    skipped."""
     if full_tests_due(paths.dbt_target):
         return None
     assets = graph()
@@ -135,7 +137,7 @@ def pass_subset(
         a for a in assets.assets_defs if a.is_executable and a.node_def.name == DBT_MODELS
     ]
     checks = build_dbt_asset_selection([dbt_models], dbt_exclude=LIGHT_TESTS)
-    return assets.materializable_asset_keys, checks.resolve_checks(assets)
+    return assets.materializable_asset_keys, checks.resolve_checks(assets) | MART_CHECK_KEYS
 
 
 def build_dbt_assets(paths: DataPaths) -> tuple[dg.AssetsDefinition, DbtCliResource]:

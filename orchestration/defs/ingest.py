@@ -100,11 +100,12 @@ def new_files_sensor() -> dg.SensorDefinition:
 
 def backstop_schedule() -> dg.ScheduleDefinition:
     @dg.schedule(
-        name="pipeline_backstop",
+        name="pass_every_15_minutes",
         job_name=PIPELINE,
         cron_schedule="*/15 * * * *",
         default_status=dg.DefaultScheduleStatus.RUNNING,
-        description="Runs the pipeline even if the sensor misses files.",
+        description="A pass every 15 minutes, so files the sensor missed still load; a watcher "
+        "that runs makes it skip.",
     )
     def pipeline_backstop(
         context: dg.ScheduleEvaluationContext, lake: LakeResource

@@ -26,6 +26,7 @@ def maintenance() -> None:
 # By job name, here and in the sensor: given the job itself, Definitions binds the lake resource
 # to a copy of the sensor's job through a path of Dagster's that warns on every load.
 @dg.schedule(
+    name="compact_and_expire_nightly",
     job_name="maintenance",
     cron_schedule="30 3 * * *",
     default_status=dg.DefaultScheduleStatus.RUNNING,

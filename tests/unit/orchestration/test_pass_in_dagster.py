@@ -48,6 +48,8 @@ def test_passes_in_the_dagster_ui(tmp_path: Path) -> None:
     by_hand = run_pipeline(paths.root)
     for steps in [*reports, by_hand]:
         assert all(step.ok for step in steps), steps
+        # The marts' health checks ran after the models, in the watcher's passes too.
+        assert [s.summary for s in steps if s.name == "marts health"] == ["3/3 checks passed"]
     dbt = [next(s.summary for s in steps if s.name == "dbt build") for steps in reports]
     assert "unit tests" in dbt[0] and "unit tests" not in dbt[1], dbt  # every test, then fewer
 
