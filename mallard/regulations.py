@@ -116,9 +116,15 @@ class ListsUnavailable(RuntimeError):
 
 
 def identifier_hash(key: str, account_id: str, identifier: str) -> str:
-    """The keyed hash of an identifier of an account, hex. SQL computes the same as
-    `sha256(key || ':' || account_id || ':' || identifier)` (orchestration/load.py)."""
+    """The keyed hash of an identifier of an account, hex; identifier_hash_sql is its SQL."""
     return hashlib.sha256(f"{key}:{account_id}:{identifier}".encode()).hexdigest()
+
+
+def identifier_hash_sql(account_id: str, identifier: str, key: str = "$key") -> str:
+    """identifier_hash as a DuckDB expression over SQL expressions (columns, parameters): the
+    loader's tombstone filter (orchestration/load.py) and the audiences' regulated members
+    (mallard/audiences.py) use it. The key goes in as a query parameter, `$key` by default."""
+    return f"sha256({key} || ':' || {account_id} || ':' || {identifier})"
 
 
 def hash_key(paths: DataPaths) -> str:

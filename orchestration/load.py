@@ -17,7 +17,7 @@ import duckdb
 import pyarrow as pa
 
 from mallard.paths import DataPaths
-from mallard.regulations import RegulationStore
+from mallard.regulations import RegulationStore, identifier_hash_sql
 from orchestration.locks import load_lock
 from orchestration.warehouse import lake_connection
 
@@ -73,17 +73,17 @@ def landed_since(mark: str, cursor: str | None) -> bool:
 # The rows of deleted subjects (orchestration/regulations/purge.py): by messageId whenever it
 # arrives (a replay), by userId or by the anonymousId of an anonymous message when received
 # before the delete (an old copy of a landing file).
-_BURIED = """
+_BURIED = f"""
     anti join mallard_tombstones as t1
         on t1.kind = 'message' and t1.account_id = m.account_id
-        and t1.id_hash = sha256($key || ':' || m.account_id || ':' || m.message_id)
+        and t1.id_hash = {identifier_hash_sql("m.account_id", "m.message_id")}
     anti join mallard_tombstones as t2
         on t2.kind = 'user' and t2.account_id = m.account_id and m.received_at <= t2.deleted_at
-        and t2.id_hash = sha256($key || ':' || m.account_id || ':' || m.user_id)
+        and t2.id_hash = {identifier_hash_sql("m.account_id", "m.user_id")}
     anti join mallard_tombstones as t3
         on t3.kind = 'anonymous' and t3.account_id = m.account_id and m.user_id is null
         and m.received_at <= t3.deleted_at
-        and t3.id_hash = sha256($key || ':' || m.account_id || ':' || m.anonymous_id)
+        and t3.id_hash = {identifier_hash_sql("m.account_id", "m.anonymous_id")}
 """
 
 

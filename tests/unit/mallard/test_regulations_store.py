@@ -15,6 +15,7 @@ from mallard.regulations import (
     RegulationError,
     RegulationStore,
     identifier_hash,
+    identifier_hash_sql,
     validate,
 )
 
@@ -94,5 +95,8 @@ def test_forget_leaves_only_hashes_in_the_file(paths: DataPaths) -> None:
 
 def test_the_sql_hash_is_the_python_hash() -> None:
     key = "k" * 64
-    row = duckdb.sql("select sha256($k || ':' || 'acct' || ':' || 'user-1')", params={"k": key})
+    sql = identifier_hash_sql("$account", "$identifier")
+    row = duckdb.sql(
+        f"select {sql}", params={"key": key, "account": "acct", "identifier": "user-1"}
+    )
     assert row.fetchone() == (identifier_hash(key, "acct", "user-1"),)
