@@ -14,7 +14,14 @@ import pytest
 
 from collector.messages import Tenant, stamp
 from collector.roller import recover, roll_segment
-from collector.wal import WalUnavailable, WriteAheadLog, frame, list_segments, read_records
+from collector.wal import (
+    WalUnavailable,
+    WriteAheadLog,
+    frame,
+    list_segments,
+    read_records,
+    write_frames,
+)
 from mallard.paths import DataPaths
 
 TENANT = Tenant("c", "a", "A")
@@ -43,6 +50,28 @@ def test_torn_tail_is_dropped(tmp_path: Path) -> None:
     corrupt[-1] ^= 0xFF  # a flipped byte in the last record fails its CRC
     seg.write_bytes(bytes(corrupt))
     assert list(read_records(seg)) == good[:2]
+
+
+@pytest.mark.parametrize("short", [False, True])
+def test_write_frames_frames_each_payload_of_a_buffer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, short: bool
+) -> None:
+    # More records than one writev takes; payloads laid end to end as in an Arrow array.
+    payloads = [stored(i) for i in range(1500)] + [b""]
+    data = b"".join(payloads)
+    offsets = [0]
+    for p in payloads:
+        offsets.append(offsets[-1] + len(p))
+    if short:  # the kernel may write less than asked: the rest must follow, in order
+        monkeypatch.setattr(os, "writev", lambda fd, parts: os.write(fd, b"".join(parts)[:999]))
+    seg = tmp_path / "0000000000000001.sealed"
+    fd = os.open(seg, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        write_frames(fd, data, offsets)
+    finally:
+        os.close(fd)
+    assert seg.read_bytes() == b"".join(frame(p) for p in payloads)
+    assert list(read_records(seg)) == payloads
 
 
 def test_group_commit_acknowledges_after_write(tmp_path: Path) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mallard import errors
-from mallard.ids import new_id
+from mallard import errors, ids
+from mallard.ids import new_id, new_ids
 from mallard.ratelimit import RateLimiter
 
 
@@ -14,6 +14,22 @@ def test_ids_are_unique_and_time_ordered() -> None:
     assert len(set(ids)) == len(ids)
     assert ids == sorted(ids)
     assert all(len(i) == 36 and i[14] == "7" for i in ids[:10])
+
+
+def test_a_batch_of_ids_is_what_new_id_makes_one_by_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Just below a carry into the counter's upper 12 bits (the third group's last digits).
+    monkeypatch.setattr(ids, "_next_seq", 2**32 - 3)
+    before = new_id()
+    batch = new_ids(6).to_pylist()
+    after = new_id()
+    got = [before, *batch, after]
+    assert got == sorted(got) and len(set(got)) == len(got)
+    assert [i[14:18] for i in got] == ["7000"] * 3 + ["7001"] * 5
+    assert [int(i[-8:], 16) for i in got] == [2**32 - 3, 2**32 - 2, 2**32 - 1, 0, 1, 2, 3, 4]
+    # Every digit as new_id's formula puts it, for a time and counter with all bits in use.
+    ms, first = 0xFEDCBA987654, 2**44 - 2
+    monkeypatch.setattr(ids, "_reserve", lambda n: (ms, first))
+    assert new_ids(4).to_pylist() == [ids._format(ms, first + k) for k in range(4)]
 
 
 def test_rate_limit_burst_then_refill() -> None:
