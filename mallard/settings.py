@@ -58,6 +58,9 @@ class Settings:
     # Fault injection for the fault tests: a regulation's run kills itself (SIGKILL) once the
     # step of this name has done its work, before Dagster records it ("" for none).
     fault_kill_at: str = ""
+    # A dispatch with at least this many journey instances to move hands every second one to a
+    # second process (orchestration/delivery/advance_helper.py); 0: never.
+    journey_split_at: int = 20_000
     # The mail server email sends go to (`smtp://` or `smtps://`, optional `user:password@`,
     # `?starttls=1`); `make run` points it at its local mailbox.
     smtp_url: str = "smtp://127.0.0.1:1025"
@@ -98,6 +101,7 @@ def get_settings() -> Settings:
         dbt_in_process=_env("DBT_IN_PROCESS", "1") not in ("0", "false", "no"),
         compact_at_files=int(_env("COMPACT_AT_FILES", "8")),
         fault_kill_at=_env("FAULT_KILL_AT", ""),
+        journey_split_at=int(_env("JOURNEY_SPLIT_AT", "20000")),
         smtp_url=_env("SMTP_URL", "smtp://127.0.0.1:1025"),
         public_url=_env("PUBLIC_URL", ""),
     )

@@ -17,7 +17,7 @@ the line. In HTML templates every interpolation is escaped unless it is already 
 (`?html`, `?no_esc`); text templates escape nothing. Loops and the output size are capped.
 
 Templates are parsed once into an AST (cached per source); nothing of a template is evaluated
-as Python.
+as Python source (the fast path below makes closures of the AST's nodes).
 """
 
 from __future__ import annotations
@@ -504,13 +504,18 @@ class _Run:
     # -- values
 
     def lookup(self, path: Path) -> Any:
-        head = path.parts[0]
+        parts = path.parts
+        head = parts[0]
         value: Any = None
-        for scope in reversed(self.scopes):
-            if head in scope:
-                value = scope[head]
-                break
-        for i, part in enumerate(path.parts[1:], 1):
+        if len(self.scopes) == 1:  # outside loops (most lookups of a send's render)
+            value = self.scopes[0].get(head)
+        else:
+            for scope in reversed(self.scopes):
+                if head in scope:
+                    value = scope[head]
+                    break
+        for i in range(1, len(parts)):
+            part = parts[i]
             if value is None:
                 raise _Missing(".".join(path.parts[:i]), path.line, False, path.name)
             if not isinstance(value, dict):
@@ -538,15 +543,15 @@ class _Run:
         t = type(node)
         if t is Path:
             return self.lookup(node)
-        if t is Lit:
-            return node.value
-        if t is Paren:
-            return self.eval(node.expr)
         if t is Default:
             found, value = self.protected(node.expr)
             if found:
                 return value
             return "" if node.default is None else self.eval(node.default)
+        if t is Lit:
+            return node.value
+        if t is Paren:
+            return self.eval(node.expr)
         if t is Exists:
             return self.protected(node.expr)[0]
         if t is Builtin:
@@ -693,11 +698,11 @@ class _Run:
             elif t is Interp:
                 value = self.eval(node.expr)
                 if self.html:
-                    self.write(
-                        value if isinstance(value, Markup) else escape(self.text(value, node.expr))
-                    )
-                else:
-                    self.write(self.text(value, node.expr))
+                    if not isinstance(value, Markup):
+                        value = escape(value if type(value) is str else self.text(value, node.expr))
+                elif type(value) is not str:
+                    value = self.text(value, node.expr)
+                self.write(value)
             elif t is If:
                 for cond, body in node.branches:
                     if self.truth(cond):
@@ -798,6 +803,179 @@ def _line(node: Any) -> int | None:
     return getattr(node, "line", None)
 
 
+# ----------------------------------------------------------------------------- fast path
+# A template of text, interpolations and <#if>s over paths, defaults, `??`, literals and the
+# string built-ins is also made into closures, which render a send's data several times faster
+# than _Run walks the AST. They give up (_Slow) wherever _Run would fail or do more (a missing
+# value without a default, a value that cannot be printed, a non-boolean condition, output over
+# the cap): Template.render then runs _Run, whose output and errors are the definition.
+
+
+class _Slow(Exception):
+    pass
+
+
+_ABSENT = object()  # a value missing at a protected step
+_STRING_BUILTINS = frozenset({"html", "url", "upper_case", "lower_case", "cap_first", "trim"})
+
+
+def _fast_text(value: Any) -> str:
+    """_Run.text for the values it prints; _Slow for the others."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else repr(value)
+    raise _Slow
+
+
+def _fast_path(parts: tuple[str, ...], protect_all: bool) -> Any:
+    """A path's value (_Run.lookup with only the data's scope); _ABSENT when missing at the
+    last step, or at any step with `protect_all` (a parenthesised path)."""
+    head, rest = parts[0], parts[1:]
+
+    def get(data: dict[str, Any]) -> Any:
+        value = data.get(head)
+        for part in rest:
+            if value is None and protect_all:
+                return _ABSENT
+            if not isinstance(value, dict):
+                raise _Slow
+            value = value.get(part)
+        return _ABSENT if value is None else value
+
+    return get
+
+
+def _fast_protected(expr: Any) -> Any:
+    """The operand of `!` or `??` (see _Run.protected), or None when not a (parenthesised)
+    path."""
+    if type(expr) is Path:
+        return _fast_path(expr.parts, False)
+    if type(expr) is Paren and type(expr.expr) is Path:
+        return _fast_path(expr.expr.parts, True)
+    return None
+
+
+def _fast_expr(node: Any, html: bool) -> Any:
+    """The expression as a function of the data, or None when the fast path has no form of it."""
+    t = type(node)
+    if t is Lit:
+        value = node.value
+        return lambda data: value
+    if t is Paren:
+        return _fast_expr(node.expr, html)
+    if t is Path:
+        get = _fast_path(node.parts, False)
+
+        def path(data: dict[str, Any]) -> Any:
+            value = get(data)
+            if value is _ABSENT:
+                raise _Slow
+            return value
+
+        return path
+    if t is Default:
+        get = _fast_protected(node.expr)
+        other = "" if node.default is None else _fast_expr(node.default, html)
+        if get is None or other is None:
+            return None
+        if isinstance(other, str):
+
+            def default_text(data: dict[str, Any]) -> Any:
+                value = get(data)
+                return other if value is _ABSENT else value
+
+            return default_text
+
+        def default(data: dict[str, Any]) -> Any:
+            value = get(data)
+            return other(data) if value is _ABSENT else value
+
+        return default
+    if t is Exists:
+        get = _fast_protected(node.expr)
+        if get is None:
+            return None
+        return lambda data: get(data) is not _ABSENT
+    if t is Builtin and node.name in _STRING_BUILTINS and not node.args:
+        inner = _fast_expr(node.expr, html)
+        if inner is None:
+            return None
+        name = node.name
+
+        def builtin(data: dict[str, Any]) -> Any:
+            text = _fast_text(inner(data))
+            if name == "html":
+                return Markup(escape(text)) if html else str(escape(text))
+            if name == "url":
+                return quote(str(text), safe="")
+            if name == "upper_case":
+                return text.upper()
+            if name == "lower_case":
+                return text.lower()
+            if name == "cap_first":
+                return text[:1].upper() + text[1:]
+            return text.strip()
+
+        return builtin
+    return None
+
+
+def _fast_nodes(nodes: list[Any], html: bool) -> Any:
+    """The nodes as a function of the data giving their output, or None."""
+    parts: list[Any] = []
+    for node in nodes:
+        t = type(node)
+        if t is Text:
+            text = node.text
+            parts.append(lambda data, text=text: text)
+        elif t is Interp:
+            get = _fast_expr(node.expr, html)
+            if get is None:
+                return None
+
+            def interp(data: dict[str, Any], get: Any = get) -> Any:
+                value = get(data)
+                if html:
+                    if not isinstance(value, Markup):
+                        value = escape(value if type(value) is str else _fast_text(value))
+                elif type(value) is not str:
+                    value = _fast_text(value)
+                return value
+
+            parts.append(interp)
+        elif t is If:
+            branches = []
+            for cond, body in node.branches:
+                test, then = _fast_expr(cond, html), _fast_nodes(body, html)
+                if test is None or then is None:
+                    return None
+                branches.append((test, then))
+            otherwise = None if node.otherwise is None else _fast_nodes(node.otherwise, html)
+            if node.otherwise is not None and otherwise is None:
+                return None
+
+            def choose(
+                data: dict[str, Any], branches: Any = branches, otherwise: Any = otherwise
+            ) -> Any:
+                for test, then in branches:
+                    value = test(data)
+                    if type(value) is not bool:
+                        raise _Slow
+                    if value:
+                        return then(data)
+                return "" if otherwise is None else otherwise(data)
+
+            parts.append(choose)
+        else:
+            return None
+    return lambda data: "".join([part(data) for part in parts])
+
+
 # -------------------------------------------------------------------------------- public
 
 
@@ -806,10 +984,18 @@ class Template:
     name: str
     html: bool
     nodes: list[Any]
+    fast: Any = field(default=None, compare=False, repr=False)  # see the fast path above
 
     def render(self, data: dict[str, Any]) -> str:
         """The output (HTML-escaped where the template is HTML); RenderError naming the
         variable, the template and the line when a value is missing or wrong."""
+        if self.fast is not None:
+            try:
+                out: str = self.fast(data)
+                if len(out) <= MAX_OUTPUT_CHARS:
+                    return out
+            except Exception:  # _Slow, or anything _Run is to answer
+                pass
         run = _Run(data, self.html)
         try:
             run.run(self.nodes)
@@ -833,7 +1019,8 @@ class Template:
 def compile_template(source: str, name: str = "template", html: bool | None = None) -> Template:
     """The parsed template (cached per source); `html` defaults to the name ending .html.ftl."""
     is_html = name.endswith(".html.ftl") if html is None else html
-    return Template(name, is_html, parse(source, name))
+    nodes = parse(source, name)
+    return Template(name, is_html, nodes, _fast_nodes(nodes, is_html))
 
 
 def render_template(

@@ -32,7 +32,6 @@ event recorded about them.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import sqlite3
 import time
@@ -40,7 +39,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from mallard import clock
+from mallard import clock, jsontext
 
 if TYPE_CHECKING:
     from mallard.journeys import Journey, Step
@@ -126,8 +125,8 @@ class Instance:
     @classmethod
     def from_row(cls, row: tuple[Any, ...]) -> Instance:
         values = list(row)
-        values[9] = json.loads(values[9])
-        values[11] = json.loads(values[11])
+        values[9] = jsontext.loads(values[9])
+        values[11] = jsontext.loads(values[11])
         return cls(*values)
 
     def row(self) -> tuple[Any, ...]:
@@ -141,9 +140,9 @@ class Instance:
             self.user_id,
             self.anonymous_id,
             self.command_event_id,
-            json.dumps(self.data, sort_keys=True),
+            jsontext.dumps(self.data, sort_keys=True),
             self.step_id,
-            json.dumps(self.visits, sort_keys=True),
+            jsontext.dumps(self.visits, sort_keys=True),
             self.step_entered_at,
             self.step_entered_real,
             self.due_at,
@@ -205,7 +204,7 @@ def read_seen(lake: Lake, customer_ids: list[str], since: float) -> Seen:
     ).fetchall()
     for cid, name, props, at in rows:
         seen.events.setdefault(cid, []).append(
-            (name, json.loads(props) if props else {}, float(at))
+            (name, jsontext.loads(props) if props else {}, float(at))
         )
     return seen
 
@@ -467,7 +466,9 @@ class Mover:
                 key,
                 inst.instance_id,
                 event,
-                json.dumps({"journeyId": inst.journey_id, "instanceId": inst.instance_id} | props),
+                jsontext.dumps(
+                    {"journeyId": inst.journey_id, "instanceId": inst.instance_id} | props
+                ),
                 self.now + order / 1000,
             )
         )
@@ -499,7 +500,7 @@ class Mover:
     def _save(self, inst: Instance) -> None:
         self._saves[inst.instance_id] = (
             inst.step_id,
-            json.dumps(inst.visits, sort_keys=True),
+            jsontext.dumps(inst.visits, sort_keys=True),
             inst.step_entered_at,
             inst.step_entered_real,
             inst.due_at,
@@ -570,24 +571,10 @@ def to_move(
     return [r[0] for r in rows]
 
 
-def peek(conn: sqlite3.Connection, ids: list[str]) -> list[tuple[str, str, float]]:
-    """(customer id, journey id, real time since when its events count) of the active
-    instances among `ids`: what reading their facts needs, without decoding their state."""
-    out: list[tuple[str, str, float]] = []
-    for i in range(0, len(ids), 500):
-        chunk = ids[i : i + 500]
-        out += conn.execute(
-            "select customer_id, journey_id, min(started_real, step_entered_real)"
-            " from journey_instances where +status = 'active'"
-            f" and instance_id in ({', '.join('?' * len(chunk))})",
-            chunk,
-        ).fetchall()
-    return out
-
-
 def load(conn: sqlite3.Connection, ids: list[str]) -> list[Instance]:
-    """The active instances among `ids`, as they are now (read inside the moving transaction:
-    another dispatcher may have moved them since they were picked)."""
+    """The active instances among `ids`, as they are now (another dispatcher may have moved
+    some since they were picked; read again inside the moving transaction, `states` says
+    whether it did)."""
     out: list[Instance] = []
     for i in range(0, len(ids), 500):
         chunk = ids[i : i + 500]
@@ -605,6 +592,28 @@ def load(conn: sqlite3.Connection, ids: list[str]) -> list[Instance]:
     return out
 
 
+def state(inst: Instance) -> tuple[str, str, dict[str, int], float]:
+    """What a move changes in every instance it moves on: status, step, visits (they only grow)
+    and when the step was entered; equal states mean no move happened in between."""
+    return (inst.status, inst.step_id, dict(inst.visits), inst.step_entered_at)
+
+
+def states(
+    conn: sqlite3.Connection, ids: list[str]
+) -> dict[str, tuple[str, str, dict[str, int], float]]:
+    """`state` of the instances among `ids` that are active now."""
+    out: dict[str, tuple[str, str, dict[str, int], float]] = {}
+    for i in range(0, len(ids), 500):
+        chunk = ids[i : i + 500]
+        for iid, status, step_id, visits, entered in conn.execute(
+            "select instance_id, status, step_id, visits, step_entered_at from journey_instances"
+            f" where +status = 'active' and instance_id in ({', '.join('?' * len(chunk))})",
+            chunk,
+        ):
+            out[iid] = (status, step_id, jsontext.loads(visits), entered)
+    return out
+
+
 def due_at(conn: sqlite3.Connection) -> float | None:
     """When the next wait or timeout is due (None: nothing waits)."""
     row = conn.execute(
@@ -614,12 +623,15 @@ def due_at(conn: sqlite3.Connection) -> float | None:
 
 
 def unrecorded(conn: sqlite3.Connection, limit: int = 10_000) -> list[tuple[Any, ...]]:
-    """Journey events not recorded yet, with their instance's tenant and customer."""
+    """Journey events not recorded yet, with their instance's tenant and customer, in the
+    order they were written. By rowid, the order of the `recorded` index: SQLite reads the
+    first `limit` and stops (ordered by time it sorted every unrecorded event for each call,
+    5.2 s a call with 500,000 waiting against 0.4 s)."""
     return conn.execute(
         "select e.event_key, e.event, e.properties, e.at, i.client_id, i.account_id,"
         " i.brand_id, i.user_id, i.anonymous_id, i.command_event_id"
         " from journey_events e join journey_instances i using (instance_id)"
-        " where e.recorded = 0 order by e.at, e.event_key limit ?",
+        " where e.recorded = 0 order by e.rowid limit ?",
         (limit,),
     ).fetchall()
 

@@ -7,7 +7,8 @@ traits.plan -> reminder or done) taken by three customers, one per path:
 - `pro` does not click, times out, and the branch sends them to `done`: welcome only;
 - `basic` does not click, times out, and gets the reminder: welcome and reminder.
 
-The sends are counted at the sink and the journey events read from the events API.
+The sends are counted at the sink and the journey events read from the events API. Every
+advance here moves its instances over two processes (MALLARD_JOURNEY_SPLIT_AT=1).
 """
 
 from __future__ import annotations
@@ -129,6 +130,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             "MALLARD_SMTP_URL": f"smtp://127.0.0.1:{smtp_port}",
             "MALLARD_PUBLIC_URL": f"http://127.0.0.1:{port}",
             "MALLARD_NOW": f"file:{clock}",
+            # Every advance hands every second instance to a second process (the path of a
+            # large move): the paths and their sends are the same as with one.
+            "MALLARD_JOURNEY_SPLIT_AT": "1",
         },
     )
     server.start()

@@ -198,3 +198,50 @@ def test_no_python_evaluation() -> None:
         text("${__import__}")
     with pytest.raises(RenderError):
         text("${x.__class__}", {"x": "a"})
+
+
+FAST_CASES = [
+    ('Hi ${customer.firstName!"there"}, ${(customer._subscriptionId)!""}.', CUSTOMER),
+    ('Hi ${customer.firstName!"there"}', {"customer": {}}),
+    ('Hi ${customer.firstName!"there"}', {}),  # customer missing: not protected
+    ("${(a.b.c)!'none'} ${(a.b)!}", {"a": {"b": None}}),
+    ("${a.b}", {"a": "text"}),  # not a hash
+    ("${x}", {}),
+    ("${n} ${f} ${g} ${t} ${u}", {"n": 7, "f": 2.0, "g": 2.5, "t": True, "u": False}),
+    ("${v}", {"v": [1]}),  # cannot be printed
+    ("${v}", {"v": {"k": 1}}),
+    ('${v!"d"}', {"v": {"k": 1}}),
+    ("${s}", {"s": "<b>&'\""}),
+    ("${s?html} ${s?url} ${s?upper_case} ${s?lower_case} ${s?cap_first} ${s?trim}", {"s": " a<B "}),
+    ("${n?html}", {"n": 3}),
+    ("<#if plan??>on ${plan?cap_first}<#elseif other??>other<#else>none</#if>.", {"plan": "pro"}),
+    ("<#if plan??>on ${plan?cap_first}<#elseif other??>other<#else>none</#if>.", {"other": 1}),
+    ("<#if plan??>on ${plan?cap_first}<#elseif other??>other<#else>none</#if>.", {}),
+    ("<#if flag>yes</#if>", {"flag": True}),
+    ("<#if flag>yes</#if>", {"flag": "true"}),  # not a boolean
+    ("<#if flag>yes</#if>", {}),
+    ("<#if (a.b)??>${a.b}</#if>", {"a": None}),
+    ("${'lit'} ${42} ${x!1.5}", {}),
+]
+
+
+@pytest.mark.parametrize(("source", "data"), FAST_CASES)
+@pytest.mark.parametrize("is_html", [False, True])
+def test_fast_path_renders_as_the_interpreter(
+    source: str, data: dict[str, Any], is_html: bool
+) -> None:
+    """The closures give the interpreter's output, and leave its errors to it."""
+    template = compile_template(source, "t", is_html)
+    assert template.fast is not None
+    slow = templates.Template(template.name, template.html, template.nodes)
+    try:
+        expected: str | RenderError = slow.render(data)
+    except RenderError as e:
+        expected = e
+    if isinstance(expected, RenderError):
+        with pytest.raises(RenderError) as got:
+            template.render(data)
+        assert str(got.value) == str(expected)
+    else:
+        assert template.render(data) == expected
+        assert type(template.fast(data)) is str
