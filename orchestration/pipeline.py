@@ -25,6 +25,10 @@ class StepResult:
     ok: bool
     summary: str
     again: bool = False  # work left for another pass (landing files over the per-pass cap)
+    # Whether running the pass again may mend a failure: not for a health check that found the
+    # marts inconsistent (only a fix of the data or the models does), so the watcher does not
+    # rebuild every retry_s until then.
+    retry: bool = True
 
 
 # The Dagster UI's "Launched by" column shows a run's `user` tag (a run without it, a sensor's or
@@ -177,7 +181,7 @@ def health_step(evaluations: list[dg.AssetCheckEvaluation]) -> StepResult:
             f"{c.check_name} ({c.severity.value.lower()}): {c.description or 'failed'}"
             for c in failed
         )
-    return StepResult("marts health", not errors, summary)
+    return StepResult("marts health", not errors, summary, retry=False)
 
 
 def failed_steps(result: dg.ExecuteInProcessResult) -> list[StepResult]:
@@ -241,7 +245,7 @@ def watch_pipeline(
                 again_at = 0.0
                 if any(step.again for step in steps):
                     again_at = time.monotonic()
-                elif not all(step.ok for step in steps):
+                elif not all(step.ok for step in steps if step.retry):
                     again_at = time.monotonic() + retry_s
                 continue
             if dispatch_due_now(paths):
