@@ -94,4 +94,4 @@ def test_definitions_load(tmp_path: Path) -> None:
     )
     assert defs.resolve_job_def("pipeline")
     assert defs.resolve_sensor_def("landing_files_sensor")
-    assert defs.resolve_schedule_def("pipeline_backstop")
+    assert defs.resolve_schedule_def("pass_every_15_minutes")
