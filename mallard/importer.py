@@ -357,22 +357,35 @@ class Chunk:
         return len(self.messages)
 
 
-def message_ids(heads: pl.Series, prefix: bytes) -> pl.Series:
-    """`import:` and the first 32 hex digits of SHA-256(prefix + head), per head."""
+def message_ids(heads: Any, prefix: bytes) -> Any:
+    """`import:` and the first 32 hex digits of SHA-256(prefix + head), per head (a pyarrow
+    string array), as a pyarrow string array."""
     import pyarrow as pa
 
     # The one step per row left in Python (~0.6 us a row): polars has no SHA-256. The prefix
-    # is hashed once and each row's state copied from it.
-    seed, digests = hashlib.sha256(prefix), []
-    for head in heads.cast(pl.Binary).to_list():
+    # is hashed once and each row's state copied from it; a head is a slice of the array's
+    # buffer, not an object of its own.
+    seed, digests = hashlib.sha256(prefix), bytearray()
+    data, offsets = _values(heads)
+    for start, end in zip(offsets[:-1], offsets[1:], strict=False):
         h = seed.copy()
-        h.update(head)
-        digests.append(h.digest()[:16])
+        h.update(data[start:end])
+        digests += h.digest()[:16]
     raw = pa.FixedSizeBinaryArray.from_buffers(
-        pa.binary(16), len(digests), [None, pa.py_buffer(b"".join(digests))]
+        pa.binary(16), len(heads), [None, pa.py_buffer(digests)]
     )
-    hexed = pl.Series(raw).cast(pl.Binary).bin.encode("hex")
-    return ("import:" + hexed).alias("message_id")
+    hexed = ("import:" + pl.Series(raw).cast(pl.Binary).bin.encode("hex")).to_arrow()
+    return hexed.cast(pa.string())
+
+
+def _values(strings: Any) -> tuple[memoryview, list[int]]:
+    """A pyarrow string array's data buffer, where its values lie end to end, and each value's
+    start (and the last one's end) in it."""
+    import numpy as np
+
+    _, offsets, data = strings.buffers()
+    at = strings.offset
+    return memoryview(data), np.frombuffer(offsets, np.int32)[at : at + len(strings) + 1].tolist()
 
 
 def chunk_messages(part: pl.DataFrame, st: Stamping, keep: list[bool] | None) -> Chunk:
@@ -390,12 +403,13 @@ def chunk_messages(part: pl.DataFrame, st: Stamping, keep: list[bool] | None) ->
         # polars' string views as they are; Arrow makes the plain strings the landing has.
         return column.to_arrow(compat_level=pl.CompatLevel.newest()).cast(pa.string())
 
+    heads = arrow(part["head"])
     event_ids = new_ids(part.height)
-    ids = arrow(message_ids(part["head"], st.prefix))
+    ids = message_ids(heads, st.prefix)
     # Joined by Arrow, whose allocator reuses the last chunk's memory: built by polars and
     # exported, the records took two fresh copies (~0.2 s per million rows more).
     messages = pc.binary_join_element_wise(
-        arrow(part["head"].str.strip_suffix("}")),
+        pc.utf8_slice_codeunits(heads, 0, -1),  # the head without its closing brace
         ',"messageId":"',
         ids,
         '","eventId":"',
@@ -466,14 +480,7 @@ class ImportLog:
     def seal(self, messages: Any) -> Path:
         """One segment of the records (a pyarrow string array), written, fsynced and renamed
         sealed; returns it."""
-        import numpy as np
-
         from collector.wal import SEALED_SUFFIX, fsync_dir, write_frames
-
-        # The array's value offsets into its data buffer, where the records lie end to end.
-        _, offsets_buffer, data = messages.buffers()
-        at = messages.offset
-        offsets = np.frombuffer(offsets_buffer, np.int32)[at : at + len(messages) + 1].tolist()
 
         # Milliseconds since the epoch: later imports take later numbers, no landing name is
         # reused. Several chunks in one millisecond take the next numbers.
@@ -483,7 +490,7 @@ class ImportLog:
         tmp = self.dir / f".{seq:016d}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            write_frames(fd, memoryview(data), offsets)
+            write_frames(fd, *_values(messages))
             os.fsync(fd)
         finally:
             os.close(fd)
