@@ -29,6 +29,7 @@ Waiter = Union[Future[None], "asyncio.Future[None]"]
 HEADER = struct.Struct("<II")
 OPEN_SUFFIX = ".wal"
 SEALED_SUFFIX = ".sealed"
+_IOV_MAX = 1024  # pieces per writev (Linux's limit)
 
 
 class WalUnavailable(OSError):
@@ -59,9 +60,6 @@ def write_frames(fd: int, data: bytes | memoryview, offsets: list[int]) -> None:
             rest = memoryview(b"".join(parts))[written:]
             while rest:
                 rest = rest[os.write(fd, rest) :]
-
-
-_IOV_MAX = 1024  # pieces per writev (Linux's limit)
 
 
 def read_records(path: Path) -> Iterator[bytes]:

@@ -385,7 +385,8 @@ def _values(strings: Any) -> tuple[memoryview, list[int]]:
 
     _, offsets, data = strings.buffers()
     at = strings.offset
-    return memoryview(data), np.frombuffer(offsets, np.int32)[at : at + len(strings) + 1].tolist()
+    ends = np.frombuffer(offsets, np.int32)[at : at + len(strings) + 1].tolist()
+    return memoryview(data if data is not None else b""), ends  # no data: every value empty
 
 
 def chunk_messages(part: pl.DataFrame, st: Stamping, keep: list[bool] | None) -> Chunk:

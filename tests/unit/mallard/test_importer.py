@@ -161,6 +161,9 @@ def test_chunk_records_landing_table_and_log_frames_agree() -> None:
         for h, r in zip(kept, records, strict=True)
     ]
 
+    # Every row of a chunk dropped (a file of suppressed users only): nothing to store.
+    assert len(chunk_messages(part, st, [False] * len(keep))) == 0
+
     table = landing_table(chunk, st).to_pydict()
     assert table["message"] == chunk.messages.to_pylist()
     assert table["user_id"] == [r["userId"] for r in records]
