@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mallard.regulations import identifier_hash_sql
+
 # A name is a path segment of the audiences API and a JSON string in audiencesStatic.
 NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,99}$")
 # What an audience's select reads unqualified, as in `mallard sql` (mallard/sql_shell.py).
@@ -21,7 +23,7 @@ SEARCH_PATH = "lake.marts,lake.main"
 # The environment variable the orchestrator sets for dbt (orchestration/environment.py).
 DIR_ENV = "MALLARD_AUDIENCES_DIR"
 # The columns of int_audience_matches, in order.
-COLUMNS = ("audience", "file", "customer_id", "client_id", "account_id", "user_id", "error")
+COLUMNS = ("audience", "file", "customer_id", "error")
 
 
 class AudienceError(Exception):
@@ -130,24 +132,16 @@ def evaluate(
 ) -> None:
     """Fill the temp table `result` (COLUMNS) from every audience file of the directory: one row
     per audience with a null customer_id, its file and its error (null when it ran), and one row
-    per current member. Members are customers of customer_profiles (so the tenancy columns are
-    the customer's own), less the regulated ones: `regulated` holds (account_id, keyed hash of
-    the userId) of suppressed and deleted users, hashed as mallard.regulations.identifier_hash.
-    Each file runs in a statement of its own: one that fails leaves its members out and its
-    error in, and the others run."""
+    per (audience, customer id its select returns), less the regulated customers: `regulated`
+    holds (account_id, keyed hash of the userId) of suppressed and deleted users. Each file runs
+    in a statement of its own: one that fails leaves its members out and its error in, and the
+    others run. Only the ids are kept: a pass writes this whole table, while the members'
+    tenancy columns are looked up for the customers who enter (audience_members)."""
     con.execute(
-        f"create or replace temp table {result} (audience varchar, file varchar,"
-        " customer_id varchar, client_id varchar, account_id varchar, user_id varchar,"
-        " error varchar)"
+        f"create or replace temp table {result}"
+        " (audience varchar, file varchar, customer_id varchar, error varchar)"
     )
-    con.execute(
-        "create or replace temp table mallard_audience_ids (audience varchar, customer_id varchar)"
-    )
-    con.execute(
-        "create or replace temp table mallard_regulated (account_id varchar, id_hash varchar)"
-    )
-    if regulated:
-        con.executemany("insert into mallard_regulated values (?, ?)", regulated)
+    regulated_customers(con, regulated, key)
     before = _set_search_path(con, SEARCH_PATH)
     standin = _customers_standin(con)
     try:
@@ -156,9 +150,9 @@ def evaluate(
             try:
                 bind(con, audience)
                 con.execute(
-                    "insert into mallard_audience_ids select ?, customer_id from ("
-                    + member_query(audience.sql)
-                    + ")",
+                    f"insert into {result} (audience, customer_id)"
+                    " select ?, customer_id from (" + member_query(audience.sql) + ")"
+                    " where customer_id not in (from mallard_regulated_customers)",
                     [audience.name],
                 )
             except AudienceError as e:
@@ -173,34 +167,33 @@ def evaluate(
         con.execute(f"set search_path = '{before}'")
         if standin:
             con.execute("drop view customers")
-    # The keyed hash is computed only in accounts with a regulated user: a lake without any
-    # pays nothing for it.
+        con.execute("drop table mallard_regulated_customers")
+
+
+def regulated_customers(con: Any, regulated: list[tuple[str, str]], key: str) -> None:
+    """The temp table `mallard_regulated_customers` (customer_id): the customers whose userId
+    `regulated` lists (account_id, keyed hash). The hash is computed only in the accounts with a
+    regulated user: a lake without any pays nothing for it."""
+    con.execute("create or replace temp table mallard_regulated_customers (customer_id varchar)")
+    if not regulated:
+        return
+    con.execute(
+        "create or replace temp table mallard_regulated (account_id varchar, id_hash varchar)"
+    )
+    con.executemany("insert into mallard_regulated values (?, ?)", regulated)
     con.execute(
         f"""
-        insert into {result}
-        with members as (
-            select
-                ids.audience,
-                profiles.customer_id,
-                profiles.client_id,
-                profiles.account_id,
-                profiles.user_id,
-                case
-                    when profiles.account_id in (select account_id from mallard_regulated)
-                        then sha256($key || ':' || profiles.account_id || ':' || profiles.user_id)
-                end as id_hash
-            from mallard_audience_ids as ids
-            inner join lake.marts.customer_profiles as profiles
-                on ids.customer_id = profiles.customer_id
-        )
-        select audience, null, customer_id, client_id, account_id, user_id, null
-        from members
-        anti join mallard_regulated as regulated
-            on members.account_id = regulated.account_id and members.id_hash = regulated.id_hash
+        insert into mallard_regulated_customers
+        select profiles.customer_id
+        from lake.marts.customer_profiles as profiles
+        semi join mallard_regulated as regulated
+            on profiles.account_id = regulated.account_id
+            and {identifier_hash_sql("profiles.account_id", "profiles.user_id")} = regulated.id_hash
+        where profiles.account_id in (select account_id from mallard_regulated)
+            and profiles.user_id is not null
         """,
         {"key": key},
     )
-    con.execute("drop table mallard_audience_ids")
     con.execute("drop table mallard_regulated")
 
 

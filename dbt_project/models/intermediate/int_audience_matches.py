@@ -1,7 +1,9 @@
 """The current members of every audience file (config/audiences/<name>.sql), evaluated by
 mallard.audiences: one row per audience with a null customer_id (its file, and its error when
-it did not run), and one row per (audience, member). A Python model so that each file runs in a
-statement of its own and a broken one fails alone, naming itself (docs/audiences.md)."""
+it did not run), and one row per (audience, customer id its select returned, regulated customers
+left out). Ids only: a pass writes this whole table, and audience_members looks up the tenancy
+columns of the customers who enter. A Python model so that each file runs in a statement of its
+own and a broken one fails alone, naming itself (docs/audiences.md)."""
 
 from mallard.audiences import build
 

@@ -4,20 +4,28 @@
 -- the passes (state.pass_manifest `opened_at`) that saw the change.
 -- Membership history cannot be rebuilt from the messages (a select's past answers are not
 -- kept), so the table is never built whole (`full_refresh=false`, also when the models' epoch
--- changes): each pass compares the audiences' current members with the open rows. An audience
--- whose file failed this pass keeps its open rows as they are; an audience whose file is gone
--- closes them.
+-- changes): each pass compares the audiences' current members with the open rows and writes
+-- only the changes (stays closed, stays opened), so a pass that changes few members writes few
+-- rows. An audience whose file failed this pass keeps its open rows as they are; an audience
+-- whose file is gone closes them. A member is a customer of customer_profiles when it enters,
+-- with that customer's tenancy columns. The rows a pass replaces are the open stays it closes,
+-- so its delete reads no closed history (incremental_predicates).
 {{
     config(
         materialized='incremental',
         incremental_strategy='delete+insert',
         unique_key=['audience', 'customer_id', 'entered_at'],
+        incremental_predicates=['DBT_INCREMENTAL_TARGET.left_at is null'],
         full_refresh=false,
     )
 }}
 
 with matches as (
     select * from {{ ref('int_audience_matches') }}
+),
+
+profiles as (
+    select * from {{ ref('customer_profiles') }}
 ),
 
 manifest as (
@@ -38,10 +46,7 @@ pass_time as (
 current_members as (
     select
         audience,
-        customer_id,
-        client_id,
-        account_id,
-        user_id
+        customer_id
     from matches
     where customer_id is not null
 ),
@@ -77,10 +82,16 @@ left_now as (
 
 entered as (
     select
-        current_members.*,
+        current_members.audience,
+        profiles.customer_id,
+        profiles.client_id,
+        profiles.account_id,
+        profiles.user_id,
         pass_time.at as entered_at,
         cast(null as timestamptz) as left_at
     from current_members
+    -- A member is a customer, with the customer's own tenancy columns.
+    inner join profiles on current_members.customer_id = profiles.customer_id
     cross join pass_time
     anti join open_stays
         on
@@ -96,12 +107,20 @@ final as (
 {% else %}
 final as (
     select
-        current_members.*,
+        current_members.audience,
+        profiles.customer_id,
+        profiles.client_id,
+        profiles.account_id,
+        profiles.user_id,
         pass_time.at as entered_at,
         cast(null as timestamptz) as left_at
     from current_members
+    inner join profiles on current_members.customer_id = profiles.customer_id
     cross join pass_time
 )
 {% endif %}
 
+-- Sorted by customer: the files a pass writes keep a customer's rows in one row group, so the
+-- customers view's lookup of one customer reads little of this table.
 select * from final
+order by customer_id, audience

@@ -1,6 +1,9 @@
 -- One row per audience file (grain: audience): whether its select ran in the last pass, the error
 -- when it did not, and how many customers are in it now, all accounts together (the audiences
--- API counts per account from audience_members).
+-- API counts per account from audience_members). A view: a pass builds nothing for it (passes
+-- skip unchanged views), and its counts are those of the snapshot it is read at.
+{{ config(materialized='view') }}
+
 with matches as (
     select * from {{ ref('int_audience_matches') }}
 ),
