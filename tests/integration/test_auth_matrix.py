@@ -132,7 +132,8 @@ def test_route_by_credential(
             assert r.json()["error"]["code"] == "not_found", r.text
         elif ingest:
             assert r.status_code == 200 and r.json()["success"] is True, r.text
-        elif "/profiles/" in path or path.endswith("/status"):  # an unknown profile or event
+        elif "/profiles/" in path or path.endswith(("/status", "/members")):
+            # an unknown profile, event or audience
             assert r.status_code == 404, r.text
             assert r.json()["error"]["code"] == "not_found", r.text
         else:  # a list: a page of the account's data (none built yet)

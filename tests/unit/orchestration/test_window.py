@@ -162,6 +162,7 @@ def test_other_passes_run_the_marts_data_tests_only(tmp_path: Path) -> None:
     assert any("event_action" in name for name in dropped), dropped
 
     views = {
+        "audiences",
         "stg_messages",
         "stg_pass_manifest",
         "int_pass_window",
