@@ -722,10 +722,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def default_stop_signals() -> None:
+    """SIGINT and SIGTERM as Python sets them up, when the process inherited them ignored. A
+    shell starts a background job (`mallard pipeline run &` in a script) with SIGINT ignored, and
+    a Dagster run on the main thread gives SIGTERM SIGINT's handler when it ends: the command could
+    no longer be stopped with `kill PID`, and every process it starts afterwards (Dagster's log
+    tail of a step, which Dagster stops with SIGTERM) would ignore SIGTERM too."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # `kill -USR1 PID` prints every thread's stack to stderr (the process's log under data/run/
     # for the processes `mallard up` starts): how a stuck serve, watcher or stop is diagnosed.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    default_stop_signals()
     args = build_parser().parse_args(argv)
     try:
         return int(args.fn(args))

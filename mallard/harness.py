@@ -1,18 +1,28 @@
 """Real Mallard processes for tests and benchmarks: the CLI and `mallard serve` on a free port.
 
 Tests (tests/conftest.py) and benchmarks (bench/) both start the server this way, so both
-exercise exactly what a user runs.
+exercise exactly what a user runs. The passes of a data dir (`pipeline_pass`, `Server.pipeline`)
+run in one warm process, as `mallard pipeline run --watch` runs them: the same `mallard pipeline
+run` code, a new pass each time, without each pass paying for starting Python, Dagster and dbt.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import gc
+import io
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +60,146 @@ def mallard(
             f"mallard {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
         )
     return proc
+
+
+class PassWorker:
+    """`mallard pipeline run`, pass after pass, in one process (`python -m mallard.harness`):
+    each `run` is `mallard.cli.main(["pipeline", "run"])` with its output captured, answered
+    as the CompletedProcess the CLI would give. The process ends when closed, or when its
+    parent goes (its stdin closes)."""
+
+    def __init__(self, data_dir: Path, env: dict[str, str]) -> None:
+        self.env = dict(env)
+        self.lock = threading.Lock()
+        self.log = data_dir / f"passes-{os.getpid()}-{id(self)}.log"
+        read, write = os.pipe()
+        full_env = {**os.environ, "MALLARD_DATA_DIR": str(data_dir), "DO_NOT_TRACK": "1", **env}
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "mallard.harness", str(write)],
+                cwd=REPO,
+                env=full_env,
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                pass_fds=(write,),
+            )
+        os.close(write)
+        self.answers = os.fdopen(read, "rb")
+
+    def run(self, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        args = ["mallard", "pipeline", "run"]
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(b"pass\n")
+        self.proc.stdin.flush()
+        ready, _, _ = select.select([self.answers], [], [], timeout)
+        if not ready:
+            self.close()
+            raise subprocess.TimeoutExpired(args, timeout)
+        line = self.answers.readline()
+        if not line:  # the process died mid-pass
+            code = self.proc.wait()
+            return subprocess.CompletedProcess(args, code or 1, "", self.log.read_text())
+        answer = json.loads(line)
+        return subprocess.CompletedProcess(
+            args, answer["returncode"], answer["stdout"], answer["stderr"]
+        )
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(OSError):
+                assert self.proc.stdin is not None
+                self.proc.stdin.close()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.answers.close()
+
+
+_PASSES: dict[Path, PassWorker] = {}
+_PASSES_LOCK = threading.Lock()
+
+
+def pipeline_pass(
+    data_dir: Path, env: dict[str, str] | None = None, check: bool = True, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """One `mallard pipeline run` of the data dir with `env`, in the data dir's warm pass
+    process (started on the first pass, again when `env` changed); a pass asked for while
+    another of the data dir runs gets a process of its own, as two commands would."""
+    env, busy = dict(env or {}), False
+    with _PASSES_LOCK:
+        worker = _PASSES.get(data_dir.resolve())
+        if worker is not None and worker.lock.acquire(blocking=False):
+            if not worker.alive() or worker.env != env:
+                worker.lock.release()
+                worker.close()
+                worker = None
+        elif worker is not None:  # busy with a pass
+            worker = None
+            busy = True
+        if worker is None and not busy:
+            worker = _PASSES[data_dir.resolve()] = PassWorker(data_dir, env)
+            worker.lock.acquire()
+    if worker is None:
+        return mallard("pipeline", "run", data_dir=data_dir, env=env, check=check, timeout=timeout)
+    try:
+        out = worker.run(timeout)
+    finally:
+        worker.lock.release()
+    if check and out.returncode != 0:
+        raise AssertionError(
+            f"mallard pipeline run failed ({out.returncode}):\n{out.stdout}\n{out.stderr}"
+        )
+    return out
+
+
+def close_passes(data_dir: Path | None = None) -> None:
+    """Ends the warm pass process of the data dir (of every data dir with None)."""
+    with _PASSES_LOCK:
+        workers = [
+            _PASSES.pop(d) for d in list(_PASSES) if data_dir is None or d == data_dir.resolve()
+        ]
+    for worker in workers:
+        worker.close()
+
+
+atexit.register(close_passes)
+
+
+def _serve_passes(answer_fd: int) -> None:
+    """The loop of a PassWorker's process: a pass per line on stdin, its answer a JSON line."""
+    from mallard.cli import main
+
+    answers = os.fdopen(answer_fd, "w")
+    for _ in sys.stdin:
+        out = io.StringIO()
+        # stderr at the descriptor, as a process's stderr is (faulthandler needs a real file).
+        with tempfile.TemporaryFile() as err:
+            saved = os.dup(2)
+            os.dup2(err.fileno(), 2)
+            try:
+                with contextlib.redirect_stdout(out):
+                    code = main(["pipeline", "run"])
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else 1
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+            finally:
+                sys.stderr.flush()
+                os.dup2(saved, 2)
+                os.close(saved)
+            err.seek(0)
+            stderr = err.read().decode(errors="replace")
+        gc.unfreeze()  # main freezes what a process leaves at exit; this one goes on
+        answer = {"returncode": code, "stdout": out.getvalue(), "stderr": stderr}
+        answers.write(json.dumps(answer) + "\n")
+        answers.flush()
 
 
 def init_data_dir(data_dir: Path) -> dict[str, str]:
@@ -116,6 +266,7 @@ class Server:
         wait_http(f"{self.url}/health", self.proc, self.log, timeout)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int | None:
+        close_passes(self.data_dir)
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else None
         self.proc.send_signal(sig)
@@ -130,7 +281,7 @@ class Server:
 
     def pipeline(self) -> subprocess.CompletedProcess[str]:
         """One `mallard pipeline run` with the server's settings (config dir, SMTP, ...)."""
-        return mallard("pipeline", "run", data_dir=self.data_dir, env=self.env)
+        return pipeline_pass(self.data_dir, self.env)
 
     def post(self, action: str, body: Any, **kw: Any) -> httpx.Response:
         return httpx.post(
@@ -139,3 +290,7 @@ class Server:
 
     def get(self, path: str, **kw: Any) -> httpx.Response:
         return httpx.get(f"{self.base}/{path}", headers=self.headers, timeout=30, **kw)
+
+
+if __name__ == "__main__":
+    _serve_passes(int(sys.argv[1]))

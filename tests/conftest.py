@@ -9,9 +9,15 @@ from typing import Any
 
 import pytest
 
+from mallard.cli import default_stop_signals
 from mallard.harness import REPO, Server, free_port, init_data_dir, mallard
 
 __all__ = ["REPO", "Server", "free_port", "init_data_dir", "landed_event_ids", "mallard"]
+
+# Unit tests run Dagster passes in this process, some on its main thread, some off it: with
+# SIGTERM left ignored by the first (see default_stop_signals), each step of the others would
+# wait 30 s for its log tail to stop.
+default_stop_signals()
 
 
 @pytest.fixture

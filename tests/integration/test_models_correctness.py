@@ -39,7 +39,7 @@ import pytest
 
 from collector.messages import Tenant, stamp
 from collector.roller import records_to_tables
-from mallard.harness import init_data_dir, mallard
+from mallard.harness import close_passes, init_data_dir, pipeline_pass
 from mallard.paths import DataPaths
 from mallard.warehouse import connect
 from orchestration.context import DBT_DIR
@@ -416,7 +416,7 @@ FOLDED = {
 
 
 def pipeline(data_dir: Path, env: dict[str, str] | None = None) -> str:
-    out = mallard("pipeline", "run", data_dir=data_dir, timeout=900, env={**CHUNKED, **(env or {})})
+    out = pipeline_pass(data_dir, {**CHUNKED, **(env or {})}, timeout=900)
     assert "FAIL" not in out.stdout, out.stdout
     return out.stdout
 
@@ -506,6 +506,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     shutil.copy(DataPaths(inc).secret_file, DataPaths(full).secret_file)  # same subscription ids
     shutil.copytree(DataPaths(inc).landing_dir, DataPaths(full).landing_dir, dirs_exist_ok=True)
     pipeline(full)
+    close_passes()
     return Built(
         arrivals,
         slices,

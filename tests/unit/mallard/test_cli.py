@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
-from tests.conftest import mallard
+from tests.conftest import REPO, mallard
 
 
 def test_init_is_idempotent_and_prints_json(tmp_path: Path) -> None:
@@ -40,3 +43,29 @@ def test_tokens_create_list_revoke(tmp_path: Path) -> None:
     assert [r["revoked"] for r in rows if r["tokenId"] == made["tokenId"]] == [True]
     bad = mallard("tokens", "create", "--scope", "brand:demo/demo/NOPE", data_dir=d, check=False)
     assert bad.returncode == 2 and "unknown brand" in bad.stderr
+
+
+def test_a_command_started_with_sigint_ignored_can_still_be_stopped() -> None:
+    """A background job of a shell starts with SIGINT ignored; after a Dagster run on the main
+    thread (as `mallard pipeline run` makes) SIGTERM must still stop the process and the
+    processes it starts, not be ignored like SIGINT."""
+    script = (
+        "import signal\n"
+        "from dagster._utils.interrupts import capture_interrupts\n"
+        "from mallard.cli import default_stop_signals\n"
+        "default_stop_signals()\n"
+        "with capture_interrupts():\n"
+        "    pass\n"
+        "print(signal.getsignal(signal.SIGTERM) is signal.SIG_IGN,"
+        " signal.getsignal(signal.SIGINT) is signal.SIG_IGN)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False"]
