@@ -6,9 +6,9 @@ PYTHON ?= python3
 # uv from PATH, else bootstrapped with pip into .uv/ (nothing else is installed by hand)
 UV := $(shell command -v uv 2>/dev/null || echo $(CURDIR)/.uv/bin/uv)
 VENV := $(CURDIR)/.venv
+# uv installs from uv.lock and the package index only, never a Python of its own; it runs in
+# `make install` only. Telemetry switches: mallard/offline.py, forced by every mallard command.
 export UV_PYTHON_DOWNLOADS := never
-export DO_NOT_TRACK := 1
-export DAGSTER_DISABLE_TELEMETRY := 1
 export MALLARD_DATA_DIR ?= $(CURDIR)/data
 
 .PHONY: help install test-deps run test test-faults test-fast lint format bench bench-full clean-data

@@ -40,6 +40,7 @@ from bench.read_api import HOST, SERVER_ENV, sample_user_ids, wait_for_index
 from bench.regulations import copy_data_dir, relocate_catalog
 from bench.stats import row, sample, summarize, write_result
 from mallard.harness import REPO, Server, free_port, mallard
+from mallard.offline import TELEMETRY_OFF
 from mallard.paths import DataPaths
 
 NEW_EVENTS = 100_000  # as the pipeline's incremental-pass goal (bench/pipeline.py)
@@ -116,7 +117,7 @@ class Passes:
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _LONG_LIVED, str(lake.data_dir)],
             cwd=REPO,
-            env={**os.environ, "MALLARD_CONFIG_DIR": str(config), "DO_NOT_TRACK": "1"},
+            env={**os.environ, "MALLARD_CONFIG_DIR": str(config), **TELEMETRY_OFF},
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

@@ -47,6 +47,7 @@ from bench.lake import WORK
 from bench.loadgen import Conn, build_request, run
 from bench.stats import row, sample, summarize, write_result
 from mallard.harness import REPO, Server, free_port, init_data_dir
+from mallard.offline import TELEMETRY_OFF
 from orchestration.delivery.outbox import send_id
 
 HOST = "127.0.0.1"
@@ -156,7 +157,7 @@ class Watcher:
             **os.environ,
             "MALLARD_DATA_DIR": str(self.data_dir),
             "MALLARD_SMTP_URL": self.smtp_url,
-            "DO_NOT_TRACK": "1",
+            **TELEMETRY_OFF,
         }
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(

@@ -32,6 +32,7 @@ import httpx
 from bench.lake import Lake, ensure_lake, sizes
 from bench.stats import row, summarize, write_result
 from mallard.harness import REPO, Server, free_port
+from mallard.offline import TELEMETRY_OFF
 
 GOAL_P95_S = 60.0
 POLL_S = 0.25  # visibility is measured to this resolution
@@ -63,7 +64,7 @@ class PipelineLoop:
         self._thread.start()
 
     def _run(self) -> None:
-        env = {**os.environ, "MALLARD_DATA_DIR": str(self.lake.data_dir), "DO_NOT_TRACK": "1"}
+        env = {**os.environ, "MALLARD_DATA_DIR": str(self.lake.data_dir), **TELEMETRY_OFF}
         with open(self.lake.data_dir / "bench-freshness-pipeline.log", "ab") as log:
             while not self._stop.is_set():
                 t0 = time.perf_counter()
@@ -110,7 +111,7 @@ class _LongRunning:
         env = {
             **os.environ,
             "MALLARD_DATA_DIR": str(self.lake.data_dir),
-            "DO_NOT_TRACK": "1",
+            **TELEMETRY_OFF,
             **env,
         }
         with open(self.lake.data_dir / log_name, "ab") as log:

@@ -39,6 +39,7 @@ import polars as pl
 from bench.lake import WORK
 from bench.stats import row, write_result
 from mallard.harness import REPO, Server, free_port, init_data_dir
+from mallard.offline import TELEMETRY_OFF
 
 ROWS = 1_000_000
 GOAL = 50_000  # rows/s to durable, on 2 cores
@@ -65,7 +66,7 @@ def customers_csv(path: Path, n: int) -> None:
 def cli(args: list[str], data_dir: Path, deadline: float) -> tuple[int, float, Any, str, str]:
     """`mallard <args>`: (returncode, wall s, rusage, stdout, stderr). Its rusage is its
     own (wait4 on its PID); killed by PID at the deadline."""
-    env = {**os.environ, "MALLARD_DATA_DIR": str(data_dir), "DO_NOT_TRACK": "1"}
+    env = {**os.environ, "MALLARD_DATA_DIR": str(data_dir), **TELEMETRY_OFF}
     out_path, err_path = data_dir / "bench-import.out", data_dir / "bench-import.err"
     t = time.perf_counter()
     with open(out_path, "wb") as out, open(err_path, "wb") as err:

@@ -47,6 +47,7 @@ import httpx
 from bench.lake import WORK
 from bench.stats import row, write_result
 from mallard.harness import REPO, Server, free_port, init_data_dir
+from mallard.offline import TELEMETRY_OFF
 
 HOST = "127.0.0.1"
 SERVER_ENV = {"MALLARD_RATE_PER_SECOND": "1000000000", "MALLARD_RATE_BURST": "1000000000"}
@@ -207,7 +208,7 @@ def cli(
         proc = subprocess.Popen(
             [sys.executable, *args],
             cwd=REPO,
-            env={**os.environ, "DO_NOT_TRACK": "1", **env},
+            env={**os.environ, **TELEMETRY_OFF, **env},
             stdout=subprocess.PIPE,
             stderr=err,
         )

@@ -26,6 +26,7 @@ from bench.lake import Lake, ensure_lake, sizes
 from bench.loadgen import Result, build_request, labeled_closed_loop, run
 from bench.stats import row, sample, summarize, write_result
 from mallard.harness import REPO, Server, free_port
+from mallard.offline import TELEMETRY_OFF
 from mallard.warehouse import connect
 
 HOST = "127.0.0.1"
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         pipeline = subprocess.Popen(
             [sys.executable, "-m", "mallard.cli", "pipeline", "run"],
             cwd=REPO,
-            env={**os.environ, "MALLARD_DATA_DIR": str(lake.data_dir), "DO_NOT_TRACK": "1"},
+            env={**os.environ, "MALLARD_DATA_DIR": str(lake.data_dir), **TELEMETRY_OFF},
             stdout=log,
             stderr=subprocess.STDOUT,
         )

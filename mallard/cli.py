@@ -735,6 +735,10 @@ def default_stop_signals() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Before any command imports dbt or Dagster: no telemetry, in this process and its children.
+    from mallard.offline import force_offline
+
+    force_offline()
     # `kill -USR1 PID` prints every thread's stack to stderr (the process's log under data/run/
     # for the processes `mallard up` starts): how a stuck serve, watcher or stop is diagnosed.
     faulthandler.register(signal.SIGUSR1, all_threads=True)

@@ -29,6 +29,8 @@ from typing import Any
 
 import httpx
 
+from mallard.offline import TELEMETRY_OFF
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -46,7 +48,7 @@ def mallard(
     env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run the real CLI as a subprocess."""
-    full_env = {**os.environ, "MALLARD_DATA_DIR": str(data_dir), "DO_NOT_TRACK": "1", **(env or {})}
+    full_env = {**os.environ, "MALLARD_DATA_DIR": str(data_dir), **TELEMETRY_OFF, **(env or {})}
     proc = subprocess.run(
         [sys.executable, "-m", "mallard.cli", *args],
         cwd=REPO,
@@ -73,7 +75,7 @@ class PassWorker:
         self.lock = threading.Lock()
         self.log = data_dir / f"passes-{os.getpid()}-{id(self)}.log"
         read, write = os.pipe()
-        full_env = {**os.environ, "MALLARD_DATA_DIR": str(data_dir), "DO_NOT_TRACK": "1", **env}
+        full_env = {**os.environ, "MALLARD_DATA_DIR": str(data_dir), **TELEMETRY_OFF, **env}
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "mallard.harness", str(write)],

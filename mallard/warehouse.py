@@ -11,6 +11,7 @@ from pathlib import Path
 
 import duckdb
 
+from mallard.offline import DUCKDB_OFFLINE
 from mallard.paths import DataPaths
 
 LAKE = "lake"  # the alias every process attaches the warehouse under
@@ -57,8 +58,7 @@ def duckdb_config(paths: DataPaths) -> dict[str, str | bool | int | float | list
     """Connection settings shared by every process, dbt's profile included."""
     return {
         "extension_directory": str(ensure_extensions(paths)),
-        "autoinstall_known_extensions": "false",
-        "autoload_known_extensions": "true",
+        **DUCKDB_OFFLINE,
     }
 
 

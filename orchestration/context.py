@@ -8,6 +8,7 @@ import hmac
 import os
 from pathlib import Path
 
+from mallard.offline import ensure_dagster_telemetry_off
 from mallard.paths import DataPaths
 from mallard.priority import yield_cpu
 from mallard.settings import get_settings
@@ -31,9 +32,7 @@ def subscription_id(secret_hex: str, customer_id: str) -> str:
 def ensure_dagster_home(paths: DataPaths) -> Path:
     home = paths.dagster_home
     home.mkdir(parents=True, exist_ok=True)
-    cfg = home / "dagster.yaml"
-    if not cfg.exists():
-        cfg.write_text("telemetry:\n  enabled: false\n")
+    ensure_dagster_telemetry_off(home)
     return home
 
 

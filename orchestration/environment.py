@@ -1,5 +1,6 @@
 """The one place the orchestrator changes os.environ: what dbt reads from its environment, set for
-the length of a build and put back after it (`dbt_environment`), and the telemetry switches.
+the length of a build and put back after it (`dbt_environment`), with the telemetry switches
+of mallard/offline.py.
 
 dbt reads its profile (the data dir), the subscription-id key and its own DBT_* settings from
 the environment, and a dbt that runs on a thread of the pipeline's process
@@ -14,16 +15,11 @@ import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
+from mallard.offline import TELEMETRY_OFF
 from mallard.paths import DataPaths
 from mallard.secret import ensure_secret
 
-# Off for every process the orchestrator and `mallard up` start: dbt's and Dagster's usage
-# reporting would try the network, which a self-hosted install must not need.
-TELEMETRY_OFF = {
-    "DO_NOT_TRACK": "1",
-    "DAGSTER_DISABLE_TELEMETRY": "1",
-    "DBT_SEND_ANONYMOUS_USAGE_STATS": "false",
-}
+__all__ = ["TELEMETRY_OFF", "dbt_env", "dbt_environment", "hmac_pads"]
 
 
 def hmac_pads(secret_hex: str) -> tuple[str, str]:

@@ -51,6 +51,7 @@ from aiosmtpd.controller import Controller
 from collector.messages import Tenant, stamp
 from collector.roller import roll_segment
 from collector.wal import SEALED_SUFFIX, frame
+from mallard.offline import TELEMETRY_OFF
 from mallard.paths import DataPaths
 from orchestration.warehouse import lake_connection
 from tests.conftest import REPO, Server, free_port, init_data_dir, mallard, wait_landed
@@ -172,7 +173,7 @@ class Copy:
             "MALLARD_NOW": f"file:{self.clock}",
             "MALLARD_SMTP_URL": self.sink.url,
             "MALLARD_PUBLIC_URL": "http://127.0.0.1:9",
-            "DO_NOT_TRACK": "1",
+            **TELEMETRY_OFF,
         }
 
     def at(self, t: datetime) -> None:

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from mallard.harness import REPO, free_port
+from mallard.offline import TELEMETRY_OFF
 from mallard.paths import DataPaths
 from orchestration.locks import watcher_pid
 
@@ -60,7 +61,7 @@ def _start(data: Path) -> tuple[subprocess.Popen[str], list[str]]:
         cwd=REPO,
         env={
             **{k: v for k, v in os.environ.items() if k != "MALLARD_SMTP_URL"},
-            "DO_NOT_TRACK": "1",
+            **TELEMETRY_OFF,
             "MALLARD_ROLL_INTERVAL_S": "0.5",
         },
         stdout=subprocess.PIPE,
