@@ -11,7 +11,7 @@ VENV := $(CURDIR)/.venv
 export UV_PYTHON_DOWNLOADS := never
 export MALLARD_DATA_DIR ?= $(CURDIR)/data
 
-.PHONY: help install test-deps run test test-faults test-fast lint format bench bench-full clean-data
+.PHONY: help install test-deps run test test-faults test-airgap test-fast lint format bench bench-full clean-data
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -54,12 +54,18 @@ test-deps: install $(CHROMIUM) $(NODE_DEPS) ## install what the tests need beyon
 # integration tests wait on subprocesses much of the time, so two share the 2 cores well. Tests
 # marked solo (`mallard up` starting and stopping everything) run afterwards on their own.
 test: test-deps ## run the whole test suite (fault-injection variants: make test-faults)
-	$(VENV)/bin/python -m pytest -n 2 --dist loadfile -m 'not faults and not solo' --durations=30
+	$(VENV)/bin/python -m pytest -n 2 --dist loadfile -m 'not faults and not solo and not airgap' --durations=30
 	$(VENV)/bin/python -m pytest -m solo --durations=5
 	@echo "NOTE: the fault-injection variants (pytest -m faults) are not part of make test: run make test-faults"
+	@echo "NOTE: the air-gapped run (pytest -m airgap, root) is not part of make test: run make test-airgap"
 
 test-faults: test-deps ## the fault-injection variants: runs SIGKILLed mid-step, then run again
 	$(VENV)/bin/python -m pytest -m faults
+
+# About a minute and a half: init, serve, ingestion, a pass, reads, dbt docs and every page in
+# Chromium inside `unshare --net`; fails (never skips) without root and unshare.
+test-airgap: test-deps ## the product with no network but loopback; fails if a packet leaves (root)
+	scripts/airgap.sh --durations=5
 
 test-fast: install ## unit tests only
 	$(VENV)/bin/python -m pytest tests/unit

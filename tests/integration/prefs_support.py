@@ -47,6 +47,16 @@ class PrefsEnv:
         return str(r.json()["eventId"])
 
 
+def prefs_config(root: Path) -> Path:
+    """root/config: the repo's tenants and assets, and the preference choices above."""
+    config = root / "config"
+    config.mkdir()
+    shutil.copy(REPO / "config" / "tenants.toml", config / "tenants.toml")
+    shutil.copytree(REPO / "config" / "assets", config / "assets")
+    (config / "preferences.toml").write_text(PREFERENCES_TOML)
+    return config
+
+
 def start_prefs_env(
     root: Path,
     users: dict[str, dict[str, Any]],
@@ -55,11 +65,7 @@ def start_prefs_env(
 ) -> Iterator[PrefsEnv]:
     """Start a server whose config has categories, identify `users` (userId -> traits), run
     the pipeline once, and read each customer's `_subscriptionId` from the profile API."""
-    config = root / "config"
-    config.mkdir()
-    shutil.copy(REPO / "config" / "tenants.toml", config / "tenants.toml")
-    shutil.copytree(REPO / "config" / "assets", config / "assets")
-    (config / "preferences.toml").write_text(PREFERENCES_TOML)
+    config = prefs_config(root)
     data = root / "data"
     creds = init_data_dir(data)
     server = Server(

@@ -55,14 +55,13 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-@pytest.fixture(scope="module")
-def site(data_dir: Path) -> Iterator[str]:
-    """`mallard docs --port P` running; its printed URL."""
+def start_docs(data_dir: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
+    """`mallard docs --port P` (dbt docs generate, then the site) running: it and its URL."""
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "mallard.cli", "docs", "--port", str(port)],
         cwd=REPO,
-        env={**os.environ, "MALLARD_DATA_DIR": str(data_dir), **OFFLINE},
+        env={**os.environ, "MALLARD_DATA_DIR": str(data_dir), **env},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -79,14 +78,24 @@ def site(data_dir: Path) -> Iterator[str]:
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
+    for _ in range(1200):  # the URL is printed once the site is generated and bound
+        if url or proc.poll() is not None:
+            break
+        reader.join(0.1)
+    if not url:
+        proc.terminate()
+        proc.wait(30)
+    assert url, f"mallard docs printed no URL (exit {proc.poll()}):\n{''.join(lines)}"
+    assert url[0] == f"http://127.0.0.1:{port}/"
+    return proc, url[0]
+
+
+@pytest.fixture(scope="module")
+def site(data_dir: Path) -> Iterator[str]:
+    """`mallard docs --port P` running; its printed URL."""
+    proc, url = start_docs(data_dir, OFFLINE)
     try:
-        for _ in range(1200):  # the URL is printed once the site is generated and bound
-            if url or proc.poll() is not None:
-                break
-            reader.join(0.1)
-        assert url, f"mallard docs printed no URL (exit {proc.poll()}):\n{''.join(lines)}"
-        assert url[0] == f"http://127.0.0.1:{port}/"
-        yield url[0]
+        yield url
     finally:
         proc.terminate()
         proc.wait(30)
