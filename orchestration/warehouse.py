@@ -6,13 +6,14 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
 import duckdb
 
 from mallard.paths import DataPaths
 from mallard.secret import ensure_secret
-from mallard.warehouse import connect
+from mallard.warehouse import LAKE, connect
 
 SCHEMAS = ("raw", "staging", "intermediate", "marts", "state")
 # The schemas whose tables the read API and the `customers` view look up by customer: small row
@@ -116,6 +117,44 @@ def lake_connection(paths: DataPaths) -> duckdb.DuckDBPyConnection:
         return shared.cursor()
 
 
+# How long a process starting its first pass waits for another's commit to the catalog.
+LOCKED_CATALOG_WAIT_S = 60.0
+
+
+def _lookup_options() -> list[tuple[str, object]]:
+    """The options of the schemas the read API looks rows up in. Small inserts and deletes of an
+    incremental pass would otherwise be kept in the catalog (data inlining), where the read
+    API's index cannot see them (it reads the Parquet files)."""
+    return [
+        ("parquet_row_group_size", MARTS_ROW_GROUP_ROWS),
+        ("parquet_compression", MARTS_COMPRESSION),
+        ("data_inlining_row_limit", 0),
+    ]
+
+
+def _make_ready(paths: DataPaths) -> None:
+    """The schemas, the raw tables and the lookup schemas' options, each written only when
+    missing or different: a catalog already made ready takes no write."""
+    conn = connect(paths)
+    try:
+        for schema in SCHEMAS:
+            conn.execute(f"create schema if not exists lake.{schema}")
+        conn.execute(RAW_DDL)
+        have = {
+            (name, scope_entry): value
+            for name, _, value, scope, scope_entry in conn.execute(
+                "select * from ducklake_options(?)", [LAKE]
+            ).fetchall()
+            if scope == "SCHEMA"
+        }
+        for schema in LOOKUP_SCHEMAS:
+            for name, value in _lookup_options():
+                if have.get((name, schema)) != str(value):
+                    conn.execute("call lake.set_option(?, ?, schema => ?)", [name, value, schema])
+    finally:
+        conn.close()
+
+
 def ensure_warehouse(paths: DataPaths) -> None:
     """Create the lake's schemas and raw tables if missing (idempotent; once per process and
     catalog file)."""
@@ -123,26 +162,18 @@ def ensure_warehouse(paths: DataPaths) -> None:
     if identity is not None and _READY.get(paths.lake_catalog) == identity:
         return
     ensure_secret(paths)
-    conn = connect(paths)
-    try:
-        for schema in SCHEMAS:
-            conn.execute(f"create schema if not exists lake.{schema}")
-        conn.execute(RAW_DDL)
-        for schema in LOOKUP_SCHEMAS:
-            conn.execute(
-                "call lake.set_option('parquet_row_group_size', ?, schema => ?)",
-                [MARTS_ROW_GROUP_ROWS, schema],
-            )
-            conn.execute(
-                "call lake.set_option('parquet_compression', ?, schema => ?)",
-                [MARTS_COMPRESSION, schema],
-            )
-            # Small inserts and deletes of an incremental pass would otherwise be kept in the
-            # catalog, where the read API's index cannot see them (it reads the Parquet files).
-            conn.execute(
-                "call lake.set_option('data_inlining_row_limit', 0, schema => ?)", [schema]
-            )
-    finally:
-        conn.close()
+    deadline = time.monotonic() + LOCKED_CATALOG_WAIT_S
+    wait = 0.1
+    while True:
+        try:
+            _make_ready(paths)
+            break
+        except duckdb.Error as e:
+            # Another process commits to the SQLite catalog (a regulation's pass beside this
+            # one): its write lock is held for the length of a commit.
+            if "database is locked" not in str(e) or time.monotonic() + wait > deadline:
+                raise
+            time.sleep(wait)
+            wait = min(wait * 2, 2.0)
     if ensure_wal_catalog(paths) and (identity := _catalog_identity(paths)) is not None:
         _READY[paths.lake_catalog] = identity

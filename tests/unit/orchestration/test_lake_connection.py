@@ -5,8 +5,10 @@ served from the old one."""
 from __future__ import annotations
 
 import shutil
+import sqlite3
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from mallard.paths import DataPaths
@@ -55,3 +57,47 @@ def test_a_catalog_made_again_is_not_read_through_the_old_one(tmp_path: Path) ->
     assert ledger(paths) == {"old.parquet"}
     shutil.rmtree(paths.lake_dir)  # the lake (catalog and files) removed
     assert ledger(paths) == set()  # a new, empty warehouse, not the deleted one
+
+
+MAKE_READY = """
+import sys
+from pathlib import Path
+from mallard.paths import DataPaths
+from orchestration.warehouse import ensure_warehouse
+ensure_warehouse(DataPaths(Path(sys.argv[1])))
+"""
+
+
+def make_ready_in_another_process(paths: DataPaths) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", MAKE_READY, str(paths.root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_process_starts_while_another_commits(tmp_path: Path) -> None:
+    """A pass starting while another process holds the catalog's write lock (a regulation's
+    pass committing): a ready catalog needs no write, and one missing an option waits for
+    the lock instead of failing with "database is locked"."""
+    paths = DataPaths(tmp_path)
+    assert ledger(paths) == set()  # made ready by this process
+    catalog = sqlite3.connect(paths.lake_catalog, isolation_level=None, check_same_thread=False)
+    try:
+        catalog.execute("begin immediate")
+        out = make_ready_in_another_process(paths)
+        assert out.returncode == 0, out.stderr
+        catalog.execute("rollback")
+
+        catalog.execute("delete from ducklake_metadata where key = 'data_inlining_row_limit'")
+        catalog.execute("begin immediate")
+        release = threading.Timer(1.5, lambda: catalog.execute("rollback"))
+        release.start()
+        out = make_ready_in_another_process(paths)
+        release.join()
+        assert out.returncode == 0, out.stderr
+        keys = [r[0] for r in catalog.execute("select key from ducklake_metadata")]
+        assert keys.count("data_inlining_row_limit") >= 1
+    finally:
+        catalog.close()
