@@ -52,9 +52,12 @@ test-deps: install $(CHROMIUM) $(NODE_DEPS) ## install what the tests need beyon
 
 # Two workers, each taking whole files (a file's module-scoped server and pass stay shared): the
 # integration tests wait on subprocesses much of the time, so two share the 2 cores well. Tests
-# marked solo (`mallard up` starting and stopping everything) run afterwards on their own.
+# marked solo (`mallard up` starting and stopping everything) run afterwards on their own. Files
+# go to the workers in collection order (--no-loadscope-reorder; xdist's default puts files with
+# the most tests first, leaving long files of one test to the end, where one worker runs them
+# while the other idles): the unit tests first (tests/conftest.py), whose few long files build lakes.
 test: test-deps ## run the whole test suite (fault-injection variants: make test-faults)
-	$(VENV)/bin/python -m pytest -n 2 --dist loadfile -m 'not faults and not solo and not airgap' --durations=30
+	$(VENV)/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m 'not faults and not solo and not airgap' --durations=30
 	$(VENV)/bin/python -m pytest -m solo --durations=5
 	@echo "NOTE: the fault-injection variants (pytest -m faults) are not part of make test: run make test-faults"
 	@echo "NOTE: the air-gapped run (pytest -m airgap, root) is not part of make test: run make test-airgap"
