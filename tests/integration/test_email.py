@@ -35,6 +35,7 @@ from orchestration.delivery.email import (
     unsubscribe_headers,
     unsubscribe_token,
 )
+from tests.browser import chromium
 from tests.conftest import REPO, free_port, mallard
 from tests.integration.prefs_support import PrefsEnv, start_prefs_env
 
@@ -180,7 +181,11 @@ def test_5xx_bounces_and_4xx_or_no_server_is_tried_later(refusing: tuple[str, Re
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefsEnv]:
-    users = {"reader": {"email": "reader@example.com"}, "other": {"email": "o@example.com"}}
+    users = {
+        "reader": {"email": "reader@example.com"},
+        "other": {"email": "o@example.com"},
+        "browser": {"email": "b@example.com"},
+    }
     yield from start_prefs_env(tmp_path_factory.mktemp("email-links"), users)
 
 
@@ -320,3 +325,22 @@ def test_one_click_unsubscribes_and_the_page_only_asks(env: PrefsEnv) -> None:
     unsub = [e for e in events.json()["data"] if e["eventAction"] == "unsubscribed"]
     assert len(unsub) == 1 and unsub[0]["rawData"]["properties"]["assetId"] == "welcome"
     assert env.get("other").json()["unsubscribeAll"] is True
+
+
+def test_the_unsubscribe_page_works_in_a_browser_talking_only_to_mallard(env: PrefsEnv) -> None:
+    """The page a mail's unsubscribe link opens, in Chromium: it renders, its button
+    unsubscribes, and the page asks nothing of any host but Mallard's."""
+    srv, paths = env.server, DataPaths(env.server.data_dir)
+    send = _send(env, "browser", "send-unsub-browser")
+    url = unsubscribe_headers(srv.url, unsubscribe_token(paths, send))["List-Unsubscribe"]
+    with chromium() as browser:
+        page = browser.new_page()
+        foreign: list[str] = []
+        page.on("request", lambda r: None if r.url.startswith(srv.url) else foreign.append(r.url))
+        page.goto(url.strip("<>"))
+        assert env.get("browser").json()["unsubscribeAll"] is False  # the GET changed nothing
+        page.get_by_role("button", name="Unsubscribe").click()
+        page.wait_for_load_state()
+        assert "unsubscribed" in page.content()
+    assert foreign == []
+    assert env.get("browser").json()["unsubscribeAll"] is True
