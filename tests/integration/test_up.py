@@ -22,6 +22,7 @@ from mallard.harness import REPO, free_port
 from mallard.offline import TELEMETRY_OFF
 from mallard.paths import DataPaths
 from orchestration.locks import watcher_pid
+from tests.browser import chromium
 
 pytestmark = [pytest.mark.integration, pytest.mark.solo]
 
@@ -162,6 +163,23 @@ def test_make_run_starts_everything_and_the_watcher_runs_the_passes(tmp_path: Pa
             runs = instance.get_runs(filters=dg.RunsFilter(job_name="pipeline"))
         assert len(runs) >= 2  # the first pass and the watcher's, both shown in the UI
         assert not [r.run_id for r in runs if "dagster/sensor_name" in r.tags]
+
+        # The operators' UI, in Chromium: it renders and asks no host but its own.
+        ui = re.search(r"Dagster UI: +(http://127\.0\.0\.1:\d+)", out)
+        assert ui
+        with chromium() as browser:
+            page = browser.new_page()
+            foreign: list[str] = []
+            page.on(
+                "request",
+                lambda r: (
+                    None if r.url.startswith((ui[1], "data:", "blob:")) else foreign.append(r.url)
+                ),
+            )
+            for view in ("/runs", "/assets"):
+                page.goto(ui[1] + view, wait_until="networkidle", timeout=120_000)
+            assert page.title() == "Dagster"
+        assert foreign == []
 
         _stop(proc, signal.SIGINT, paths, log)  # Ctrl-C
 
