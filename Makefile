@@ -11,7 +11,7 @@ VENV := $(CURDIR)/.venv
 export UV_PYTHON_DOWNLOADS := never
 export MALLARD_DATA_DIR ?= $(CURDIR)/data
 
-.PHONY: help install test-deps run test test-faults test-airgap test-fast lint format bench bench-full clean-data
+.PHONY: help install test-deps run test test-faults test-airgap test-reliability soak test-fast lint format bench bench-full clean-data
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -57,10 +57,11 @@ test-deps: install $(CHROMIUM) $(NODE_DEPS) ## install what the tests need beyon
 # the most tests first, leaving long files of one test to the end, where one worker runs them
 # while the other idles): the unit tests first (tests/conftest.py), whose few long files build lakes.
 test: test-deps ## run the whole test suite (fault-injection variants: make test-faults)
-	$(VENV)/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m 'not faults and not solo and not airgap' --durations=30
+	$(VENV)/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m 'not faults and not solo and not airgap and not reliability' --durations=30
 	$(VENV)/bin/python -m pytest -m solo --durations=5
 	@echo "NOTE: the fault-injection variants (pytest -m faults) are not part of make test: run make test-faults"
 	@echo "NOTE: the air-gapped run (pytest -m airgap, root) is not part of make test: run make test-airgap"
+	@echo "NOTE: the hostile-input suite (pytest -m reliability, ~1 min) is not part of make test: run make test-reliability"
 
 test-faults: test-deps ## the fault-injection variants: runs SIGKILLed mid-step, then run again
 	$(VENV)/bin/python -m pytest -m faults
@@ -91,3 +92,13 @@ bench-full: install ## full benchmarks (10M events)
 
 clean-data: ## delete ./data (asks first)
 	@read -p "Delete $(MALLARD_DATA_DIR)? [y/N] " a && [ "$$a" = y ] && rm -rf $(MALLARD_DATA_DIR)/* || true
+
+# About a minute: one real server, schemathesis over every operation of its OpenAPI document,
+# hand-made and generated hostile bodies, gzip bombs, slowloris bodies; figures at the end.
+test-reliability: install ## hostile input against a real server (docs/reliability.md)
+	$(VENV)/bin/python -m pytest -m reliability tests/reliability -p no:cacheprovider -s -q
+
+# Longer: 100 schemathesis examples per operation (valid regulations filed too), 2,000 bodies.
+soak: install ## the long variants of the reliability suite
+	MALLARD_FUZZ_EXAMPLES=100 MALLARD_FUZZ_FILE_REGULATIONS=1 MALLARD_RELIABILITY_EXAMPLES=2000 \
+	  $(VENV)/bin/python -m pytest -m reliability tests/reliability -p no:cacheprovider -s -q

@@ -31,7 +31,7 @@ from api.params import only
 from api.schemas import READ_ERRORS as ERRORS
 from api.service import Warehouse
 from collector.messages import Tenant
-from collector.routes import TENANT_PATH
+from collector.routes import TENANT_PATH, decode_json
 from mallard.auth import authorize
 from mallard.errors import (
     Forbidden,
@@ -60,7 +60,6 @@ LISTED = ("SUPPRESS", "SUPPRESS_WITH_DELETE", "NO_TRACK")
 LIST_SIZE = 100  # GET regulations: the newest this many
 # The one encoding of the answers, for the routes and the CLI alike.
 encode = msgspec.json.Encoder().encode
-_decode = msgspec.json.Decoder()
 
 
 # --- who may call -------------------------------------------------------------------------------
@@ -177,10 +176,7 @@ def tied_anonymous_ids(
 
 def parse_body(body: bytes) -> tuple[str, list[str]]:
     """(regulationType, userIds) of a request body; 400 naming the field at fault."""
-    try:
-        data = _decode.decode(body)
-    except msgspec.DecodeError as e:
-        raise InvalidRequest(f"body is not valid JSON: {e}") from None
+    data = decode_json(body)
     try:
         return validate(data)
     except RegulationError as e:

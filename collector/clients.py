@@ -27,7 +27,7 @@ from litestar import MediaType, Request, Response, post
 
 from collector.admission import admitted, answer_ids
 from collector.messages import CALL_KINDS, Tenant, iso, stamp, validate
-from collector.routes import decode_object, parse_batch
+from collector.routes import decode_json, decode_object, parse_batch
 from collector.schemas import (
     BATCH_OK_EXAMPLE,
     CLIENT_BATCH_EXAMPLE,
@@ -181,11 +181,8 @@ def adapt(kind: str, msg: dict[str, Any]) -> None:
 
 def _batch(body: bytes, limits: Limits) -> tuple[Any, list[tuple[str, dict[str, Any]]]]:
     """(writeKey, items) of a batch body; the batch's sentAt applies to items without one."""
-    try:
-        envelope = _decode_envelope.decode(body)
-    except msgspec.DecodeError as e:
-        raise InvalidRequest(f"body is not valid JSON: {e}") from None
-    items = parse_batch(body, limits.max_call_bytes, adapt)
+    envelope = decode_json(body, _decode_envelope)
+    items = parse_batch(body, limits, adapt)
     if envelope.sentAt is not None:
         for _, item in items:
             item.setdefault("sentAt", envelope.sentAt)

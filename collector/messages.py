@@ -49,7 +49,15 @@ def parse_time(value: Any, field: str, where: str = "") -> datetime:
                 f'{where}"{field}" must be an ISO-8601 date-time, got {value[:40]!r}'
             ) from None
         t = datetime(d.year, d.month, d.day)
-    return t.replace(tzinfo=UTC) if t.tzinfo is None else t
+    if t.tzinfo is None:
+        return t.replace(tzinfo=UTC)
+    try:
+        # 0001-01-01T00:00+01:00 parses but is before the first UTC time (was a 500).
+        return t.astimezone(UTC)
+    except OverflowError:
+        raise InvalidRequest(
+            f'{where}"{field}" falls outside the years 1 to 9999 in UTC, got {value[:40]!r}'
+        ) from None
 
 
 def validate(kind: str, msg: Any, *, require_event: bool = True, where: str = "") -> None:
@@ -98,6 +106,10 @@ def validate(kind: str, msg: Any, *, require_event: bool = True, where: str = ""
         not isinstance(msg.get("previousId"), str) or not msg.get("previousId")
     ):
         raise InvalidRequest(f'{where}"previousId" is required for alias')
+    if event is not None and not isinstance(event, str):
+        # The roller lands `event` as a string column: any other value stopped the landing of
+        # its whole log segment, and every start of the server after it.
+        raise InvalidRequest(f'{where}"event" must be a string')
 
 
 def batch_item_kind(item: Any, index: int) -> str:
@@ -137,7 +149,12 @@ def stamp(
         stored["originalTimestamp"] = ts_raw
         if sent_raw is not None:
             # Client clock skew: shift the event by the gap between sentAt and receipt.
-            ts = received - (parse_time(sent_raw, "sentAt") - ts)
+            try:
+                ts = received - (parse_time(sent_raw, "sentAt") - ts)
+            except OverflowError:
+                raise InvalidRequest(
+                    '"timestamp" corrected by "sentAt" falls outside the years 1 to 9999'
+                ) from None
         stored["timestamp"] = iso(ts)
     else:
         stored["timestamp"] = received_iso

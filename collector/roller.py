@@ -25,6 +25,19 @@ from mallard.paths import DataPaths
 from mallard.schemas import LANDING_SCHEMA, StoredHead
 
 _decode_head = msgspec.json.Decoder(StoredHead)
+_encode = msgspec.json.Encoder().encode
+
+
+def _head(raw: bytes) -> StoredHead:
+    try:
+        return _decode_head.decode(raw)
+    except msgspec.ValidationError:
+        # A record acknowledged before the collector required a string "event" (an object or a
+        # number there stopped every roll of its segment and every start of the server): its
+        # event column gets the value's JSON text; the message keeps the value itself.
+        msg = msgspec.json.decode(raw)
+        msg["event"] = _encode(msg.get("event")).decode()
+        return msgspec.convert(msg, StoredHead)
 
 
 def _ts(value: str | None) -> datetime | None:
@@ -35,7 +48,7 @@ def records_to_tables(records: list[bytes]) -> dict[str, pa.Table]:
     """Landing tables keyed by receive date (YYYY-MM-DD)."""
     by_date: dict[str, dict[str, list[object]]] = {}
     for raw in records:
-        h = _decode_head.decode(raw)
+        h = _head(raw)
         day = h.received_at[:10]
         cols = by_date.get(day)
         if cols is None:

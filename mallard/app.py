@@ -28,6 +28,7 @@ from litestar.static_files import create_static_files_router
 from litestar.status_codes import HTTP_413_REQUEST_ENTITY_TOO_LARGE, HTTP_500_INTERNAL_SERVER_ERROR
 from litestar.types import Message, Scope
 
+from mallard.body_deadline import BodyDeadline
 from mallard.config import apply_tenants
 from mallard.errors import MallardError, body_too_large, error_body, family_of
 from mallard.ids import new_id
@@ -240,7 +241,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         debug=False,
     )
     # Outermost, so CORS reaches the router's own 404/405 answers and every error.
-    app.asgi_handler = BrowserCors(app.asgi_handler)
+    app.asgi_handler = BrowserCors(BodyDeadline(app.asgi_handler, settings.limits.body_timeout_s))
     app.state.settings = settings
     app.state.paths = paths
     app.state.control = ControlStore(paths.control_db)

@@ -20,6 +20,9 @@ class Limits:
     max_call_bytes: int = 32 * 1024  # one call, or one batch item: 32 KB
     rate_per_second: float = 100.0  # per token / writeKey
     rate_burst: int = 500
+    # A request's body must have arrived this many seconds after the request did, or it gets
+    # 408 (mallard/body_deadline.py): 1 MB in a minute is 17 KB/s; a slowloris client is cut off.
+    body_timeout_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,7 @@ def get_settings() -> Settings:
         max_call_bytes=int(_env("MAX_CALL_BYTES", str(Limits.max_call_bytes))),
         rate_per_second=float(_env("RATE_PER_SECOND", str(Limits.rate_per_second))),
         rate_burst=int(_env("RATE_BURST", str(Limits.rate_burst))),
+        body_timeout_s=float(_env("BODY_TIMEOUT_S", str(Limits.body_timeout_s))),
     )
     return Settings(
         data_dir=Path(_env("DATA_DIR", "./data")).resolve(),
