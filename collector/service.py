@@ -4,12 +4,14 @@ subjects' calls, and accepts messages."""
 from __future__ import annotations
 
 import logging
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 
 import msgspec
 
 from collector.admission import Admission
 from collector.roller import Roller, recover
-from collector.wal import WalUnavailable, WriteAheadLog
+from collector.wal import SEALED_SUFFIX, WalUnavailable, WriteAheadLog, list_segments
 from mallard.commands import command_catalog
 from mallard.errors import Unavailable
 from mallard.paths import DataPaths
@@ -35,9 +37,24 @@ class Collector:
             roll_interval_s=settings.roll_interval_s,
             roll_max_bytes=settings.roll_max_bytes,
             fsync=settings.fsync,
-            on_seal=self.roller.submit,
+            on_seal=self._roll,
         )
         self.admission = Admission(AdmissionLists(paths, retry_s=LISTS_RETRY_S))
+
+    def _roll(self, sealed: Path) -> None:
+        """The log's on_seal (on its writer thread): hand the segment to the roller. A roller
+        killed (its pool broken) is started again and given every sealed segment still in the
+        log; before, the BrokenProcessPool ended the writer thread and every later call waited
+        forever without an answer."""
+        try:
+            self.roller.submit(sealed)
+        except BrokenProcessPool:
+            log.error("the roller process died; starting it again")
+            self.roller.close()
+            self.roller.start()
+            for segment in list_segments(self.wal_dir):
+                if segment.suffix == SEALED_SUFFIX:
+                    self.roller.submit(segment)
 
     async def start(self) -> None:
         # The lists load before any call is admitted. If they cannot be read the server still

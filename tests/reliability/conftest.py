@@ -90,6 +90,8 @@ class Figures:
     started: float = field(default_factory=time.monotonic)
 
     def lines(self) -> list[str]:
+        if not self.requests:
+            return self.notes
         statuses = ", ".join(f"{s}: {n}" for s, n in sorted(self.statuses.items()))
         out = [
             f"requests sent: {self.requests} in {time.monotonic() - self.started:.1f} s",
@@ -106,8 +108,8 @@ FIGURES = Figures()
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if FIGURES.requests:
-        terminalreporter.section("hostile input: figures")
+    if FIGURES.requests or FIGURES.notes:
+        terminalreporter.section("reliability: figures")
         for line in FIGURES.lines():
             terminalreporter.write_line(line)
 
