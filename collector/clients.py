@@ -41,7 +41,7 @@ from collector.schemas import (
     IngestOk,
 )
 from collector.service import Collector
-from mallard.auth import limit
+from mallard.auth import limit, limit_unauthenticated
 from mallard.errors import Forbidden, InvalidRequest, PayloadTooLarge, RateLimited
 from mallard.openapi import NoValidationError, answers, operation_id_per_path, request_body
 from mallard.settings import Limits
@@ -118,10 +118,12 @@ def tenant_for(request: Request[Any, Any, Any], body_key: Any) -> Tenant:
     """The account and brand of the writeKey (body first, else Basic user), rate limited."""
     key = body_key if isinstance(body_key, str) and body_key else basic_user(request)
     if not key:
+        limit_unauthenticated(request)
         raise Forbidden("a writeKey is required: in the body or as the HTTP Basic user")
     control: ControlStore = request.app.state.control
     source = control.resolve_write_key(key)
     if source is None:
+        limit_unauthenticated(request)  # guessing writeKeys is limited like guessing tokens
         raise Forbidden("invalid writeKey")
     limit(request, "writeKey:" + hashlib.sha256(key.encode()).hexdigest()[:16])
     return Tenant(source.client_id, source.account_id, source.brand_id)
