@@ -11,6 +11,7 @@ from pathlib import Path
 
 import duckdb
 
+from mallard.distributed import storage
 from mallard.offline import DUCKDB_OFFLINE
 from mallard.paths import DataPaths
 
@@ -20,6 +21,8 @@ _EXTENSIONS = (
     ("ducklake", "duckdb_extension_ducklake", "ducklake"),
     ("sqlite_scanner", "duckdb_extension_sqlite", "sqlite"),
     ("httpfs", "duckdb_extension_httpfs", "httpfs"),
+    # A DuckLake catalog on PostgreSQL (`ducklake:postgres:...`, mallard/distributed.py).
+    ("postgres_scanner", "duckdb_extension_postgres_scanner", "postgres_scanner"),
 )
 
 
@@ -62,13 +65,23 @@ def duckdb_config(paths: DataPaths) -> dict[str, str | bool | int | float | list
     }
 
 
+def lake_catalog_uri(paths: DataPaths) -> str:
+    """What follows `ducklake:` in the attach: the data dir's SQLite catalog, or the one
+    MALLARD_LAKE_CATALOG names (PostgreSQL, mallard/distributed.py)."""
+    return storage().catalog or f"sqlite:{paths.lake_catalog}"
+
+
+def lake_data_path(paths: DataPaths) -> str:
+    """Where the lake's data files go: the data dir's, or MALLARD_LAKE_DATA_URL (S3)."""
+    return storage().data_url or f"{paths.lake_data}/"
+
+
 def lake_attach_sql(paths: DataPaths, read_only: bool = False) -> str:
-    opts = [f"DATA_PATH '{paths.lake_data}/'"]
+    opts = [f"DATA_PATH '{lake_data_path(paths)}'"]
     if read_only:
         opts.append("READ_ONLY")
-    return (
-        f"ATTACH IF NOT EXISTS 'ducklake:sqlite:{paths.lake_catalog}' AS {LAKE} ({', '.join(opts)})"
-    )
+    uri = lake_catalog_uri(paths).replace("'", "''")
+    return f"ATTACH IF NOT EXISTS 'ducklake:{uri}' AS {LAKE} ({', '.join(opts)})"
 
 
 def connect(paths: DataPaths, read_only: bool = False) -> duckdb.DuckDBPyConnection:
@@ -77,8 +90,12 @@ def connect(paths: DataPaths, read_only: bool = False) -> duckdb.DuckDBPyConnect
     Many processes may hold one at once: the API and analysts read committed snapshots
     while the pipeline writes.
     """
-    paths.lake_data.mkdir(parents=True, exist_ok=True)
+    where = storage()
+    if not where.data_url:
+        paths.lake_data.mkdir(parents=True, exist_ok=True)
     conn = duckdb.connect(":memory:", config=duckdb_config(paths))
+    if where.uses_s3:
+        conn.execute(where.s3_secret_sql())
     conn.execute(lake_attach_sql(paths, read_only=read_only))
     return conn
 

@@ -37,9 +37,26 @@ def dbt_env(paths: DataPaths) -> dict[str, str]:
     audience files (read when int_audience_matches runs, not when dbt parses)."""
     from mallard.audiences import DIR_ENV, audiences_dir
     from mallard.config import config_dir
+    from mallard.distributed import CATALOG_ENV, DATA_URL_ENV, storage
+    from mallard.warehouse import lake_catalog_uri, lake_data_path
 
     ipad, opad = hmac_pads(ensure_secret(paths))
+    # The profile's `distributed` target: the lake where mallard/distributed.py says it is.
+    on = storage()
+    where = (
+        {
+            "MALLARD_DBT_TARGET": "distributed",
+            CATALOG_ENV: lake_catalog_uri(paths),
+            DATA_URL_ENV: lake_data_path(paths),
+            "MALLARD_S3_ENDPOINT": on.s3_endpoint or "s3.amazonaws.com",
+            "MALLARD_S3_REGION": on.s3_region,
+            "MALLARD_S3_USE_SSL": "1" if on.s3_use_ssl else "0",
+        }
+        if on.distributed
+        else {}
+    )
     return {
+        **where,
         "MALLARD_DATA_DIR": str(paths.root),
         DIR_ENV: str(audiences_dir(config_dir())),
         "MALLARD_HMAC_IPAD": ipad,

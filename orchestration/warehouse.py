@@ -11,9 +11,10 @@ from pathlib import Path
 
 import duckdb
 
+from mallard.distributed import storage
 from mallard.paths import DataPaths
 from mallard.secret import ensure_secret
-from mallard.warehouse import LAKE, connect
+from mallard.warehouse import LAKE, connect, lake_catalog_uri
 
 SCHEMAS = ("raw", "staging", "intermediate", "marts", "state")
 # The schemas whose tables the read API and the `customers` view look up by customer: small row
@@ -71,7 +72,9 @@ def ensure_wal_catalog(paths: DataPaths) -> bool:
     # Only while this process holds no DuckDB connection to the lake (before a load connects):
     # Python's SQLite and the one inside DuckDB's `sqlite` extension do not see each other's
     # locks in one process, and one can truncate the WAL index the other has mapped (SIGBUS).
-    # True once the catalog is in WAL mode.
+    # True once the catalog is in WAL mode. A catalog on PostgreSQL has no such mode to set.
+    if storage().catalog:
+        return True
     with (
         contextlib.suppress(sqlite3.OperationalError),
         contextlib.closing(sqlite3.connect(paths.lake_catalog, timeout=10)) as db,
@@ -84,7 +87,7 @@ def ensure_wal_catalog(paths: DataPaths) -> bool:
 
 # The catalogs this process has made ready (schemas, raw tables, options, WAL mode), by file
 # identity: a catalog deleted and made again at the same path is made ready again.
-_READY: dict[Path, tuple[int, int]] = {}
+_READY: dict[Path | str, tuple[int, int]] = {}
 # One DuckDB per process and catalog for the orchestrator's own statements (the load, the
 # window, the compaction check): a DuckDB of its own per statement loaded the DuckLake and SQLite
 # extensions again each time, ~0.15 s, and ensure_warehouse's statements took 0.2 s, four times
@@ -93,7 +96,13 @@ _SHARED: dict[tuple[int, int], duckdb.DuckDBPyConnection] = {}
 _SHARED_LOCK = threading.Lock()
 
 
+def _catalog_key(paths: DataPaths) -> Path | str:
+    return storage().catalog or paths.lake_catalog
+
+
 def _catalog_identity(paths: DataPaths) -> tuple[int, int] | None:
+    if storage().catalog:  # a server's catalog (PostgreSQL): one identity per connection string
+        return (0, hash(lake_catalog_uri(paths)))
     try:
         st = paths.lake_catalog.stat()
     except FileNotFoundError:
@@ -108,7 +117,7 @@ def lake_connection(paths: DataPaths) -> duckdb.DuckDBPyConnection:
     process holds no DuckDB connection to the lake."""
     ensure_warehouse(paths)
     identity = _catalog_identity(paths)
-    if identity is None or _READY.get(paths.lake_catalog) != identity:
+    if identity is None or _READY.get(_catalog_key(paths)) != identity:
         return connect(paths)
     with _SHARED_LOCK:
         shared = _SHARED.get(identity)
@@ -159,7 +168,7 @@ def ensure_warehouse(paths: DataPaths) -> None:
     """Create the lake's schemas and raw tables if missing (idempotent; once per process and
     catalog file)."""
     identity = _catalog_identity(paths)
-    if identity is not None and _READY.get(paths.lake_catalog) == identity:
+    if identity is not None and _READY.get(_catalog_key(paths)) == identity:
         return
     ensure_secret(paths)
     deadline = time.monotonic() + LOCKED_CATALOG_WAIT_S
@@ -176,4 +185,4 @@ def ensure_warehouse(paths: DataPaths) -> None:
             time.sleep(wait)
             wait = min(wait * 2, 2.0)
     if ensure_wal_catalog(paths) and (identity := _catalog_identity(paths)) is not None:
-        _READY[paths.lake_catalog] = identity
+        _READY[_catalog_key(paths)] = identity
