@@ -2,8 +2,10 @@
 
 A segment's records land in `landing/date=<receive date>/<collector>-<seq>[-<n>].parquet`:
 written to a dot-temp file, fsynced, renamed, directory fsynced; only then is the segment
-deleted. The names come from the segment, so a crash at any point is repaired by rolling the
-segment again: files already renamed are kept, and none is written twice.
+deleted. With MALLARD_LANDING_URL they land on S3 instead, under the collector's own prefix
+(`<collector>/date=.../`, mallard/landing.py), one whole PUT each. The names come from the
+segment, so a crash at any point is repaired by rolling the segment again: files already
+landed are kept, and none is written twice.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from collector.wal import fsync_dir, list_segments, read_records, segment_seq
+from mallard import landing
+from mallard.distributed import storage
 from mallard.paths import DataPaths
 from mallard.schemas import LANDING_SCHEMA, StoredHead
 
@@ -89,15 +93,24 @@ def write_atomic(table: pa.Table, target: Path, tag: str = "") -> None:
 
 
 def roll_segment(segment: Path, paths: DataPaths, collector_id: str) -> list[Path]:
-    """Land one segment's intact records; returns the landing files (new or already there)."""
+    """Land one segment's intact records; returns the landing files (new or already there;
+    on S3, their names under the landing URL)."""
     try:
         records = list(read_records(segment))
     except FileNotFoundError:  # landed meanwhile by another roller (see write_atomic)
         return []
     seq = segment_seq(segment)
+    remote = bool(storage().landing_url)
     out = []
     for day, table in sorted(records_to_tables(records).items()):
-        target = paths.landing_partition(day) / f"{collector_id}-{seq:016d}.parquet"
+        file_name = f"{collector_id}-{seq:016d}.parquet"
+        if remote:
+            name = landing.remote_name(collector_id, day, file_name)
+            if not landing.exists_remote(name):
+                landing.write_remote(table, name)
+            out.append(Path(name))
+            continue
+        target = paths.landing_partition(day) / file_name
         if not target.exists():
             write_atomic(table, target)
         out.append(target)

@@ -92,7 +92,9 @@ class Cluster:
             "AWS_DEFAULT_REGION": "us-east-1",
             "AWS_REGION": "us-east-1",
             "MALLARD_S3_URL_STYLE": "path",
-            "MALLARD_DAGSTER_PG_URL": (f"postgresql://{PG_ROLE}@127.0.0.1:{self.pg_port}/dagster"),
+            "MALLARD_DAGSTER_PG_URL": (
+                f"postgresql+psycopg2://{PG_ROLE}@127.0.0.1:{self.pg_port}/dagster"
+            ),
             **S3_KEYS,
         }
 

@@ -59,6 +59,15 @@ class Storage:
     def distributed(self) -> bool:
         return bool(self.catalog or self.data_url or self.landing_url)
 
+    def catalog_connect(self):  # type: ignore[no-untyped-def]
+        """A psycopg2 connection to the PostgreSQL catalog's database (autocommit), for what
+        DuckDB does not do there: VACUUM after a Delete, and the Delete's proof."""
+        import psycopg2
+
+        conn = psycopg2.connect(self.catalog.removeprefix("postgres:"))
+        conn.autocommit = True
+        return conn
+
     def s3_secret_sql(self) -> str:
         """The DuckDB S3 secret of this process (temporary: it lives in the connection only),
         its keys from the environment."""

@@ -84,6 +84,14 @@ def lake_attach_sql(paths: DataPaths, read_only: bool = False) -> str:
     return f"ATTACH IF NOT EXISTS 'ducklake:{uri}' AS {LAKE} ({', '.join(opts)})"
 
 
+def files_connection(paths: DataPaths) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB without the lake, for reading files: landing files on S3 too."""
+    conn = duckdb.connect(":memory:", config=duckdb_config(paths))
+    if (where := storage()).uses_s3:
+        conn.execute(where.s3_secret_sql())
+    return conn
+
+
 def connect(paths: DataPaths, read_only: bool = False) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB with the warehouse attached as `lake`.
 

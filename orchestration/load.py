@@ -7,15 +7,15 @@ because two concurrent appends would both commit.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 
+from mallard import landing
+from mallard.distributed import storage
 from mallard.paths import DataPaths
 from mallard.regulations import RegulationStore, identifier_hash_sql
 from orchestration.locks import load_lock
@@ -37,17 +37,10 @@ class LoadResult:
         return f"{self.files} new landing files, {self.rows} rows{more}"
 
 
-def _complete_landing_files(paths: DataPaths) -> Iterator[Path]:
-    """Every complete landing file (a roll in progress is a dot-named temp file)."""
-    if paths.landing_dir.exists():
-        for p in paths.landing_dir.glob("date=*/*.parquet"):
-            if not p.name.startswith("."):
-                yield p
-
-
 def landing_files(paths: DataPaths) -> list[str]:
-    """Every complete landing file, relative to the landing dir."""
-    return sorted(str(p.relative_to(paths.landing_dir)) for p in _complete_landing_files(paths))
+    """Every complete landing file, relative to its root (mallard/landing.py): the landing dir's,
+    and with MALLARD_LANDING_URL the collectors' S3 prefix."""
+    return sorted(f.name for f in landing.listing(paths))
 
 
 def landing_mark(paths: DataPaths) -> str:
@@ -56,12 +49,14 @@ def landing_mark(paths: DataPaths) -> str:
     lands by rename (collector/roller.py), which sets its ctime, so a file that appears after a
     mark was read has a larger one whatever its name. Names do not say which file is newer: the
     files of several collectors (`b-...05` lands, then `a-...09`) and a segment of an earlier
-    day rolled late (after a crash) sort before files that landed first."""
-    newest = 0
-    for p in _complete_landing_files(paths):
-        with suppress(FileNotFoundError):  # removed meanwhile (retention)
-            newest = max(newest, p.stat().st_ctime_ns)
-    return f"{newest:020d}" if newest else ""
+    day rolled late (after a crash) sort before files that landed first. With landing files on
+    S3, whose times have a coarser grain (a second on some servers), the count of files follows
+    the time, so a file landing in the same second as the newest still moves the mark."""
+    files = landing.listing(paths)
+    newest = max((f.mtime_ns for f in files), default=0)
+    if not newest:
+        return ""
+    return f"{newest:020d}{len(files):010d}" if storage().landing_url else f"{newest:020d}"
 
 
 def landed_since(mark: str, cursor: str | None) -> bool:
@@ -140,10 +135,11 @@ def load_new_files(paths: DataPaths, *, fail_before_commit: bool = False) -> Loa
             batch, pending = new[:MAX_FILES_PER_TRANSACTION], len(new) - MAX_FILES_PER_TRANSACTION
             if not batch:
                 return LoadResult(0, 0, 0)
-            root = str(paths.landing_dir) + "/"
+            local_root, *remote_root = landing.roots(paths)
             params = {
-                "files": [root + f for f in batch],
-                "root": root,
+                "files": [landing.url(paths, f) for f in batch],
+                "root": local_root,
+                "remote_root": remote_root[0] if remote_root else local_root,
                 "now": datetime.now(UTC),
                 "names": batch,
             }
@@ -155,12 +151,12 @@ def load_new_files(paths: DataPaths, *, fail_before_commit: bool = False) -> Loa
                 select
                     event_id, message_id, client_id, account_id, brand_id, type, event, user_id,
                     anonymous_id, "timestamp", received_at, sent_at, channel, source, message,
-                    replace(filename, $root, '') as landing_file,
+                    replace(replace(filename, $root, ''), $remote_root, '') as landing_file,
                     $now as loaded_at
                 from read_parquet($files, filename = true, hive_partitioning = false) as m
                 {_BURIED if buried else ""}
                 """,
-                {k: params[k] for k in ("files", "root", "now")} | buried,
+                {k: params[k] for k in ("files", "root", "remote_root", "now")} | buried,
             )
             conn.execute(
                 """

@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 
+from mallard import landing
 from mallard.paths import DataPaths
-from orchestration.load import landing_files
 from orchestration.warehouse import lake_connection
 
 # The marts lag the landing files when a file landed this long ago is not yet in them. A watcher
@@ -92,9 +92,9 @@ def marts_health(paths: DataPaths, now: float | None = None) -> MartsHealth | No
     pass_id, built_at, data_through, _, events, stored, extra, reflected = row
     reflected = set(reflected or [])
     now = time.time() if now is None else now
-    # When a file landed: its inode-change time, set by the rename that lands it (as
-    # orchestration.load.landing_mark reads it).
-    landed = {name: (paths.landing_dir / name).stat().st_ctime for name in landing_files(paths)}
+    # When a file landed: its inode-change time, set by the rename that lands it, or an S3
+    # object's time (as orchestration.load.landing_mark reads it).
+    landed = {f.name: f.mtime_ns / 1e9 for f in landing.listing(paths)}
     waiting = [t for name, t in landed.items() if name not in reflected]
     return MartsHealth(
         pass_id=int(pass_id),

@@ -364,6 +364,7 @@ def verify_and_finish(
     finally:
         conn.close()
     remaining.update(verify.landing_rows_remaining(paths, strings))
+    remaining.update(verify.catalog_rows_remaining(strings))
     store_files = [paths.regulations_db, *_sidecars(paths.regulations_db)]
     found = verify.bytes_found(paths, strings, skip=store_files)
     evidence = _record(

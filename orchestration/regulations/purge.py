@@ -36,12 +36,14 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from collector.roller import write_atomic
 from collector.wal import fsync_dir
+from mallard import landing
+from mallard.distributed import storage
 from mallard.paths import DataPaths
 from mallard.regulations import ANONYMOUS, MESSAGE, USER, RegulationStore
+from mallard.warehouse import files_connection
 from orchestration.column_stats import metadata_sql
 from orchestration.locks import build_lock, load_lock
 from orchestration.regulations.subjects import Subject, count, selection, selections
@@ -202,39 +204,47 @@ def _landing_mask(table: pa.Table, subject: Subject) -> pa.ChunkedArray:
 
 def purge_landing(paths: DataPaths, subject: Subject) -> tuple[int, int]:
     """Rewrite every landing file that holds the subject's messages without them (temp file,
-    fsync, rename: a reader sees the old file or the new, never a part). Under the load lock:
-    no load reads a file while it is replaced. (files rewritten, rows removed)"""
+    fsync, rename: a reader sees the old file or the new, never a part; on S3 one PUT replaces
+    the object whole). Under the load lock: no load reads a file while it is replaced.
+    (files rewritten, rows removed)"""
     files = _landing_with_subject(paths, subject)
     rewritten = removed = 0
     with load_lock(paths):
-        for path in files:
-            table = pq.read_table(path)
+        for name in files:
+            table = landing.read(paths, name)
             mask = _landing_mask(table, subject)
             n = pc.sum(mask).as_py() or 0
             if not n:
                 continue
-            write_atomic(table.filter(pc.invert(mask)), path, tag=".purge")
+            kept = table.filter(pc.invert(mask))
+            path = landing.local_path(paths, name)
+            if path is None:
+                landing.write_remote(kept, name)
+            else:
+                write_atomic(kept, path, tag=".purge")
             rewritten += 1
             removed += n
     return rewritten, removed
 
 
-def _landing_with_subject(paths: DataPaths, subject: Subject) -> list[Path]:
-    files = [p for p in paths.landing_dir.glob("date=*/*.parquet") if not p.name.startswith(".")]
-    if not files:
+def _landing_with_subject(paths: DataPaths, subject: Subject) -> list[str]:
+    """The names (mallard/landing.py) of the landing files that hold the subject's messages."""
+    names = [f.name for f in landing.listing(paths)]
+    if not names:
         return []
     sel = selection(subject, "landing", "files", {"account_id", "user_id", "anonymous_id"})
     assert sel is not None
-    conn = duckdb.connect(":memory:")
+    by_url = {landing.url(paths, n): n for n in names}
+    conn = files_connection(paths)
     try:
         rows = conn.execute(
             "select distinct filename from read_parquet($files, filename = true)"
             f" where {sel.where}",
-            {**sel.params, "files": [str(p) for p in files]},
+            {**sel.params, "files": list(by_url)},
         ).fetchall()
     finally:
         conn.close()
-    return sorted(Path(r[0]) for r in rows)
+    return sorted(by_url[r[0]] for r in rows)
 
 
 # --- the lake's files and catalog ------------------------------------------------------------
@@ -290,7 +300,10 @@ def purge_lake_files(paths: DataPaths, subject: Subject) -> FilesPurge:
             stats = _recompute_table_stats(conn, subject)
         finally:
             conn.close()
-        compact_catalog(paths.lake_catalog)
+        if storage().on_postgres:
+            vacuum_postgres_catalog()
+        else:
+            compact_catalog(paths.lake_catalog)
     return FilesPurge(rewritten, expired, deleted + orphans, stats)
 
 
@@ -359,6 +372,22 @@ def compact_catalog(path: Path) -> None:
     DuckDB has the file open can truncate the WAL index DuckDB has mapped."""
     if path.exists():
         subprocess.run([sys.executable, "-c", _COMPACT, str(path)], check=True, timeout=900)
+
+
+def vacuum_postgres_catalog() -> None:
+    """VACUUM FULL the DuckLake tables of a PostgreSQL catalog: each is rewritten, so no page
+    keeps a deleted row's values (a plain VACUUM only marks their space free)."""
+    conn = storage().catalog_connect()
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                "select quote_ident(schemaname) || '.' || quote_ident(tablename) from pg_tables"
+                " where tablename like 'ducklake%'"
+            )
+            for (table,) in cur.fetchall():
+                cur.execute(f"vacuum full {table}")
+    finally:
+        conn.close()
 
 
 # --- the side stores -------------------------------------------------------------------------

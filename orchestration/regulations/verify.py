@@ -20,7 +20,10 @@ from pathlib import Path
 
 import duckdb
 
+from mallard import landing
+from mallard.distributed import storage
 from mallard.paths import DataPaths
+from mallard.warehouse import files_connection
 from orchestration.regulations.subjects import lake_tables
 
 # Column types whose values can hold an identifier as text.
@@ -75,11 +78,13 @@ def rows_remaining(conn: duckdb.DuckDBPyConnection, strings: list[str]) -> dict[
 
 
 def landing_rows_remaining(paths: DataPaths, strings: list[str]) -> dict[str, int]:
-    """Per landing file, the rows any of whose text columns name any of the strings."""
-    files = [str(p) for p in paths.landing_dir.glob("date=*/*.parquet")]
-    if not files or not strings:
+    """Per landing file (local or on S3), the rows any of whose text columns name any of the
+    strings."""
+    names = {landing.url(paths, f.name): f.name for f in landing.listing(paths)}
+    if not names or not strings:
         return {}
-    conn = duckdb.connect(":memory:")
+    files = list(names)
+    conn = files_connection(paths)
     try:
         cols = [
             r[0]
@@ -95,7 +100,50 @@ def landing_rows_remaining(paths: DataPaths, strings: list[str]) -> dict[str, in
         ).fetchall()
     finally:
         conn.close()
-    return {str(Path(f).relative_to(paths.root)): int(n) for f, n in rows}
+    return {_landing_key(paths, names[f]): int(n) for f, n in rows}
+
+
+def _landing_key(paths: DataPaths, name: str) -> str:
+    local = landing.local_path(paths, name)
+    return str(local.relative_to(paths.root)) if local else storage().landing_url + name
+
+
+def _like_literal(s: str) -> str:
+    return s.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def catalog_rows_remaining(strings: list[str]) -> dict[str, int]:
+    """With the lake's catalog on PostgreSQL: per catalog table, the rows any of whose text
+    values is one of the strings or holds one as a JSON string (column stats, inlined rows)."""
+    if not strings or not storage().on_postgres:
+        return {}
+    tokens = [json.dumps(s) for s in strings]
+    conn = storage().catalog_connect()
+    found: dict[str, int] = {}
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                "select table_schema, table_name, column_name from information_schema.columns"
+                " where table_name like 'ducklake%'"
+                " and data_type in ('text', 'character varying', 'json', 'jsonb')"
+            )
+            columns: dict[tuple[str, str], list[str]] = {}
+            for schema, table, column in cur.fetchall():
+                columns.setdefault((schema, table), []).append(column)
+            for (schema, table), cols in columns.items():
+                cond = " or ".join(
+                    f'("{c}"::text = any(%(s)s) or "{c}"::text like any(%(q)s))' for c in cols
+                )
+                cur.execute(
+                    f'select count(*) from "{schema}"."{table}" where {cond}',
+                    {"s": strings, "q": [f"%{_like_literal(t)}%" for t in tokens]},
+                )
+                n = cur.fetchone()[0]
+                if n:
+                    found[f"catalog.{table}"] = int(n)
+    finally:
+        conn.close()
+    return found
 
 
 def bytes_found(
