@@ -11,7 +11,7 @@ VENV := $(CURDIR)/.venv
 export UV_PYTHON_DOWNLOADS := never
 export MALLARD_DATA_DIR ?= $(CURDIR)/data
 
-.PHONY: help install test-deps run test test-faults test-airgap test-reliability soak test-fast lint format bench bench-full clean-data
+.PHONY: help install test-deps run test test-faults test-airgap test-reliability test-distributed soak test-fast lint format bench bench-full clean-data
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -57,11 +57,12 @@ test-deps: install $(CHROMIUM) $(NODE_DEPS) ## install what the tests need beyon
 # the most tests first, leaving long files of one test to the end, where one worker runs them
 # while the other idles): the unit tests first (tests/conftest.py), whose few long files build lakes.
 test: test-deps ## run the whole test suite (fault-injection variants: make test-faults)
-	$(VENV)/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m 'not faults and not solo and not airgap and not reliability' --durations=30
+	$(VENV)/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m 'not faults and not solo and not airgap and not reliability and not distributed' --durations=30
 	$(VENV)/bin/python -m pytest -m solo --durations=5
 	@echo "NOTE: the fault-injection variants (pytest -m faults) are not part of make test: run make test-faults"
 	@echo "NOTE: the air-gapped run (pytest -m airgap, root) is not part of make test: run make test-airgap"
 	@echo "NOTE: the hostile-input suite (pytest -m reliability, ~1 min) is not part of make test: run make test-reliability"
+	@echo "NOTE: the distributed topology (pytest -m distributed: PostgreSQL, S3, 2 collectors, 2 replicas) is not part of make test: run make test-distributed"
 
 test-faults: test-deps ## the fault-injection variants: runs SIGKILLed mid-step, then run again
 	$(VENV)/bin/python -m pytest -m faults
@@ -92,6 +93,12 @@ bench-full: install ## full benchmarks (10M events)
 
 clean-data: ## delete ./data (asks first)
 	@read -p "Delete $(MALLARD_DATA_DIR)? [y/N] " a && [ "$$a" = y ] && rm -rf $(MALLARD_DATA_DIR)/* || true
+
+# A few minutes: a real PostgreSQL (initdb in a temp dir, loopback, as mallard-pg when root) and
+# moto's S3 server, 2 collectors (one SIGKILLed mid-load), 2 API replicas, passes and a Delete,
+# compared with the embedded default on the same messages (docs/deploy.md).
+test-distributed: install ## the distributed topology against the embedded default (PostgreSQL)
+	$(VENV)/bin/python -m pytest -m distributed tests/distributed -p no:cacheprovider --durations=5
 
 # About a minute: one real server, schemathesis over every operation of its OpenAPI document,
 # hand-made and generated hostile bodies, gzip bombs, slowloris bodies; figures at the end.

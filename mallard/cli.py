@@ -435,8 +435,10 @@ def _run_regulation(paths: DataPaths, store: RegulationStore, regulation_id: str
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from mallard.up import up
+    from mallard.up import up, up_distributed
 
+    if args.distributed:
+        return up_distributed(Path(args.data_dir), args.dagster_port)
     return up(Path(args.data_dir), args.port, args.dagster_port, args.mailbox_port)
 
 
@@ -670,6 +672,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--dagster-port", type=int, default=3000)
     s.add_argument("--mailbox-port", type=int, default=1025, help="the local mailbox's SMTP port")
+    s.add_argument(
+        "--distributed",
+        action="store_true",
+        help="PostgreSQL catalog, S3 files, 2 collectors, 2 API replicas (docs/deploy.md)",
+    )
     s.set_defaults(fn=cmd_up)
 
     s = sub.add_parser("mailbox", help="the local mailbox: an SMTP server keeping what it gets")

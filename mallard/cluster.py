@@ -9,6 +9,7 @@ PostgreSQL refuses to run as root: as root, the cluster belongs to the `mallard-
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import pwd
 import shutil
@@ -16,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +56,14 @@ def _as_pg_user() -> list[str]:
             check=True,
         )
     return ["runuser", "-u", PG_USER, "--"]
+
+
+def _reachable(folder: Path) -> bool:
+    """Whether the PostgreSQL user can pass through every folder above this one."""
+    for parent in folder.resolve().parents:
+        if parent.exists() and not parent.stat().st_mode & 0o001:
+            return False
+    return True
 
 
 def _wait(
@@ -108,22 +118,35 @@ class Cluster:
             raise
         return self
 
+    @property
+    def pg_dir(self) -> Path:
+        """The cluster's folder: under root, unless root is where the PostgreSQL user cannot go
+        (as root, a folder inside another user's private one, such as pytest's temp dirs): then
+        a folder of its own in the system's temp dir, named after root."""
+        own = self.root / "postgres"
+        if os.geteuid() != 0 or _reachable(own):
+            return own
+        digest = hashlib.sha256(str(self.root).encode()).hexdigest()[:12]
+        return Path(tempfile.gettempdir()) / f"mallard-pg-{digest}"
+
     def _start_postgres(self) -> None:
-        pg = self.root / "postgres"
+        runas = _as_pg_user()
+        pg = self.pg_dir
         data, sock = pg / "data", pg / "socket"
         sock.mkdir(parents=True, exist_ok=True)
-        runas = _as_pg_user()
         if runas:
             subprocess.run(["chown", "-R", PG_USER, str(pg)], check=True)
-            os.chmod(self.root, 0o755)
+            os.chmod(pg, 0o700)
         bin_dir = _pg_bin()
         if not (data / "PG_VERSION").exists():
-            subprocess.run(
+            init = subprocess.run(
                 [*runas, str(bin_dir / "initdb"), "-D", str(data), "-U", PG_ROLE]
                 + ["--auth=trust", "-E", "UTF8", "--no-instructions"],
-                check=True,
                 capture_output=True,
+                text=True,
             )
+            if init.returncode:
+                raise RuntimeError(f"initdb failed: {init.stderr[-2000:]}")
         self.pg_port = self.pg_port or free_port()
         log = pg / "postgres.log"
         with open(log, "ab") as out:
@@ -215,7 +238,7 @@ class Cluster:
 
     def _postmaster_pid(self) -> int | None:
         with contextlib.suppress(OSError, ValueError, IndexError):
-            pid_file = self.root / "postgres" / "data" / "postmaster.pid"
+            pid_file = self.pg_dir / "data" / "postmaster.pid"
             return int(pid_file.read_text().split()[0])
         return None
 
@@ -239,3 +262,6 @@ class Cluster:
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         self.procs.clear()
+        # A cluster outside root (see pg_dir) goes with its servers: nothing else finds it.
+        if self.root not in self.pg_dir.parents:
+            shutil.rmtree(self.pg_dir, ignore_errors=True)

@@ -176,3 +176,56 @@ Press Ctrl-C to stop.""",
         return 0
     finally:
         stop_all(why)
+
+
+def up_distributed(data_dir: Path, dagster_port: int) -> int:
+    """`mallard up --distributed`: the distributed topology on this machine, under
+    <data dir>/distributed (mallard/topology.py): PostgreSQL and an S3 server on loopback, two
+    collectors, two API replicas, the pipeline watcher and Dagster, demo data sent through
+    both collectors. Ctrl-C or SIGTERM stops every process by PID."""
+    from mallard.demo import send_demo_traffic
+    from mallard.topology import Deployment
+
+    dep = Deployment(data_dir.resolve() / "distributed")
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        print(f"starting PostgreSQL, S3 (moto), 2 collectors, 2 API replicas in {dep.root}")
+        dep.start(watcher=True)
+        for name in ("collector-1", "collector-2"):
+            sent = send_demo_traffic(dep.served[name].url, dep.creds)
+            print(f"sent {sent} demo messages through {name}", flush=True)
+        print(f"starting Dagster at http://127.0.0.1:{dagster_port}", flush=True)
+        dep.start_dagster(dagster_port)
+        c = dep.creds
+        tenant = f"track/{c['clientId']}/{c['accountId']}/{c['brandId']}/v1"
+        rows = "\n".join(
+            f"  {name:<12} {s.url}/{tenant}/   (collector id {s.collector_id})"
+            for name, s in dep.served.items()
+        )
+        env = dep.cluster.env()
+        print(
+            f"""
+Mallard (distributed) is running; logs and PIDs in {dep.run_dir}.
+{rows}
+  Lake catalog: PostgreSQL {env["MALLARD_LAKE_CATALOG"]}
+  Lake files:   {env["MALLARD_LAKE_DATA_URL"]}  landing: {env["MALLARD_LANDING_URL"]}
+                (S3 server {env["AWS_ENDPOINT_URL"]})
+  Dagster UI:   http://127.0.0.1:{dagster_port} (instance on PostgreSQL)
+  auth-token:   {c["token"]}
+Send to the collectors, read from the replicas (a load balancer would split them so).
+Press Ctrl-C to stop.""",
+            flush=True,
+        )
+        while all(p.poll() is None for p in dep.procs.values()):
+            time.sleep(1)
+        dead = [n for n, p in dep.procs.items() if p.poll() is not None]
+        print(f"stopped: {', '.join(dead)} exited; see {dep.run_dir}", file=sys.stderr)
+        return 1
+    except (KeyboardInterrupt, Terminated):
+        return 0
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("stopping every process of the deployment", flush=True)
+        dep.stop()
+        print("Mallard stopped.", flush=True)
