@@ -31,6 +31,7 @@ SCENARIOS = (
     "journeys",
     "importer",
     "audiences",
+    "distributed",
 )
 # Scenarios over the benchmark lake (bench/lake.py): they take its size; pipeline builds it.
 # regulations and audiences work on a copy of it (a Delete rewrites files; audiences add models).

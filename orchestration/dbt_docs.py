@@ -9,6 +9,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from mallard.distributed import storage
 from mallard.paths import DataPaths
 from mallard.warehouse import ensure_extensions
 from orchestration.context import DBT_DIR
@@ -80,7 +81,7 @@ def serve(site: Path, host: str, port: int) -> None:
 
 
 def run(paths: DataPaths, host: str, port: int, serve_site: bool = True) -> int:
-    if not paths.lake_catalog.exists():
+    if not paths.lake_catalog.exists() and not storage().catalog:
         print(f"{paths.root} has no warehouse: run `mallard init` first", file=sys.stderr)
         return 2
     try:
