@@ -103,6 +103,15 @@ DENIED = ("other_brand", "other_client")
 # A regulation is account-wide: a token scoped to one brand may not file or read one.
 ACCOUNT_WIDE = ("client", "account", "brands")
 UNAUTHENTICATED = ("revoked", "unknown", "none")
+EVENT_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def _error(body: object) -> str:
+    """The code of a read-API error body, after checking its whole shape."""
+    assert isinstance(body, dict) and set(body) == {"error"}, body
+    error = body["error"]
+    assert set(error) == {"code", "message"} and error["message"], body
+    return str(error["code"])
 
 
 @pytest.mark.parametrize("credential", ALLOWED + DENIED + UNAUTHENTICATED)
@@ -121,33 +130,40 @@ def test_route_by_credential(
     ingest = method == "POST" and not regulations
     assert r.headers["content-type"].startswith("application/json")
     allowed = ACCOUNT_WIDE if regulations else ALLOWED
+    body = r.json()
     if credential in allowed:
+        # Each allowed call gets its exact status and the whole shape of its body.
         if regulations and method == "POST":  # a body of an unknown type
             assert r.status_code == 400, r.text
-            assert "regulationType" in r.json()["error"]["message"], r.text
+            assert _error(body) == "validation_error", r.text
+            assert "regulationType" in body["error"]["message"], r.text
         elif regulations and path.endswith("/regulations"):  # the list: none filed
-            assert r.status_code == 200 and r.json() == {"data": []}, r.text
+            assert r.status_code == 200 and body == {"data": []}, r.text
         elif regulations:  # a regulation that does not exist
-            assert r.status_code == 404, r.text
-            assert r.json()["error"]["code"] == "not_found", r.text
+            assert r.status_code == 404 and _error(body) == "not_found", r.text
         elif ingest:
-            assert r.status_code == 200 and r.json()["success"] is True, r.text
+            assert r.status_code == 200, r.text
+            if action == "batch":
+                assert set(body) == {"success", "eventId", "eventIds"}, r.text
+                assert len(body["eventIds"]) == 1 and EVENT_ID.fullmatch(body["eventIds"][0])
+            else:
+                assert set(body) == {"success", "eventId"}, r.text
+            assert body["success"] is True and EVENT_ID.fullmatch(body["eventId"]), r.text
         elif "/profiles/" in path or path.endswith(("/status", "/members")):
             # an unknown profile, event or audience
-            assert r.status_code == 404, r.text
-            assert r.json()["error"]["code"] == "not_found", r.text
+            assert r.status_code == 404 and _error(body) == "not_found", r.text
         else:  # a list: a page of the account's data (none built yet)
             assert r.status_code == 200, r.text
-            assert r.json()["data"] == [], r.text
+            assert body["data"] == [] and set(body) <= {"data", "scrollId"}, r.text
         return
     if ingest:
         assert r.status_code == 403, r.text
-        assert r.json()["success"] is False and r.json()["message"]
+        assert set(body) == {"success", "message"} and body["success"] is False, r.text
+        assert body["message"], r.text
     else:
         expected = 403 if credential in DENIED or credential in ALLOWED else 401
         assert r.status_code == expected, r.text
-        assert r.json()["error"]["code"] == "authentication_error"
-        assert r.json()["error"]["message"]
+        assert _error(body) == "authentication_error", r.text
     # A secret never echoes back.
     for t in tokens.values():
         assert t not in r.text
