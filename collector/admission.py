@@ -208,7 +208,8 @@ class Admission:
                 await asyncio.shield(self._loading)
             except ListsUnavailable as e:
                 log.warning("admitting nothing: %s", e)
-                raise Unavailable(UNAVAILABLE) from e
+                # Each call loads the lists again; a load retries for LISTS_RETRY_S (1 s).
+                raise Unavailable(UNAVAILABLE, headers={"Retry-After": "1"}) from e
 
     async def admit(self, tenant: Tenant, channel: str, items: list[Item]) -> list[bool] | None:
         """Per item whether it is let in, or None when all are."""

@@ -79,4 +79,7 @@ class Collector:
         try:
             await self.wal.append_async([_encode(m) for m in stored])
         except WalUnavailable as e:
-            raise Unavailable("the collector cannot write its log; retry later") from e
+            # The log tries a fresh segment once a second (WriteAheadLog._retry).
+            raise Unavailable(
+                "the collector cannot write its log; retry later", headers={"Retry-After": "1"}
+            ) from e
