@@ -37,6 +37,7 @@ def test_full_disk_503_retry_after_no_ack_without_durability(tmp_path: Path) -> 
         ["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)], capture_output=True
     )
     assert mounted.returncode == 0, f"cannot mount a tmpfs (root needed): {mounted.stderr!r}"
+    server: Server | None = None
     try:
         d = mnt / "data"
         env = {
@@ -98,6 +99,8 @@ def test_full_disk_503_retry_after_no_ack_without_durability(tmp_path: Path) -> 
         assert [i for i in acked if landed[i] != 1] == [], "an ack lost or doubled"
         assert sum(landed.values()) == len(acked), "a call answered 503 was stored"
     finally:
+        if server is not None:
+            server.stop()
         subprocess.run(["umount", "-l", str(mnt)], check=False)
         os.sync()
     FIGURES.notes.append(
