@@ -35,12 +35,11 @@ from multiprocessing.connection import Client, Connection, Listener
 from multiprocessing.context import AuthenticationError
 from typing import Any
 
-import duckdb
-
 from api.index.ducklake_format import Files
 from api.index.events import EventIndex
 from api.params import EventQuery
 from mallard.priority import yield_cpu
+from mallard.warehouse import file_reader
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 60.0
@@ -220,7 +219,7 @@ class _Pages:
 
 
 def _build(files: Files, previous: EventIndex | None) -> EventIndex:
-    conn = duckdb.connect()
+    conn = file_reader()  # the marts' files: local, or on S3
     try:
         return EventIndex(conn, files, previous)
     finally:

@@ -78,7 +78,7 @@ class Deployment:
         return self.root / "run"
 
     def env(self) -> dict[str, str]:
-        from orchestration.environment import TELEMETRY_OFF
+        from mallard.offline import TELEMETRY_OFF
 
         return {
             **os.environ,

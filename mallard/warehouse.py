@@ -33,6 +33,15 @@ def _platform_dir() -> str:
     return f"{system}_{arch}"
 
 
+def _wheel_file(module: str, filename: str) -> Path:
+    """The extension file a duckdb-extension-* wheel ships for this DuckDB."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(f"missing wheel {module}: run `make install`")
+    src = Path(next(iter(spec.submodule_search_locations))) / "extensions"
+    return src / f"v{duckdb.__version__}" / f"{filename}.duckdb_extension"
+
+
 def ensure_extensions(paths: DataPaths) -> Path:
     """Lay out the wheel-shipped extensions as a DuckDB extension directory (symlinks).
 
@@ -45,11 +54,7 @@ def ensure_extensions(paths: DataPaths) -> Path:
         link = target / f"{name}.duckdb_extension"
         if link.exists():
             continue
-        spec = importlib.util.find_spec(module)
-        if spec is None or not spec.submodule_search_locations:
-            raise RuntimeError(f"missing wheel {module}: run `make install`")
-        src = Path(next(iter(spec.submodule_search_locations))) / "extensions" / f"v{version}"
-        src_file = src / f"{filename}.duckdb_extension"
+        src_file = _wheel_file(module, filename)
         tmp = link.with_suffix(f".tmp{os.getpid()}")
         tmp.unlink(missing_ok=True)
         tmp.symlink_to(src_file)
@@ -82,6 +87,18 @@ def lake_attach_sql(paths: DataPaths, read_only: bool = False) -> str:
         opts.append("READ_ONLY")
     uri = lake_catalog_uri(paths).replace("'", "''")
     return f"ATTACH IF NOT EXISTS 'ducklake:{uri}' AS {LAKE} ({', '.join(opts)})"
+
+
+def file_reader() -> duckdb.DuckDBPyConnection:
+    """A DuckDB that reads the lake's Parquet files by their paths (the API's read index): a
+    plain one, or on an S3 lake one with httpfs loaded from its wheel and the S3 secret."""
+    where = storage()
+    if not where.data_url:
+        return duckdb.connect()
+    conn = duckdb.connect(config=dict(DUCKDB_OFFLINE))
+    conn.load_extension(str(_wheel_file("duckdb_extension_httpfs", "httpfs")))
+    conn.execute(where.s3_secret_sql())
+    return conn
 
 
 def files_connection(paths: DataPaths) -> duckdb.DuckDBPyConnection:

@@ -6,13 +6,12 @@ from __future__ import annotations
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
-import duckdb
-
 from api.index.customers import CustomerIndex
 from api.index.ducklake_format import Files
 from api.index.events import EventIndex
 from api.index.hashing import hasher
 from api.params import EventQuery
+from mallard.warehouse import file_reader
 
 
 class EventPages(Protocol):
@@ -50,7 +49,7 @@ class Index:
             remote = _remote_builds.submit(
                 pages.build, events, previous.key[1] if previous else None
             )
-        conn = duckdb.connect()
+        conn = file_reader()  # the marts' files: local, or on S3
         try:
             self.customers = CustomerIndex(
                 conn, customers, previous.customers if previous else None

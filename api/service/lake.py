@@ -11,7 +11,6 @@ from typing import Any
 
 import duckdb
 
-from mallard.distributed import storage
 from mallard.errors import InvalidRequest, Unavailable
 from mallard.paths import DataPaths
 from mallard.warehouse import connect
@@ -31,8 +30,6 @@ class Lake:
 
     def __init__(self, paths: DataPaths) -> None:
         self.paths = paths
-        # Whether the lake's data files are in the data dir (else on S3: mallard/distributed.py).
-        self.local_files = not storage().data_url
         self._conn: duckdb.DuckDBPyConnection | None = None
         self._lock = threading.Lock()
         self._local = threading.local()

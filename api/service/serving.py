@@ -41,9 +41,6 @@ class Serving(Lake):
         pages_idle: bool = False,
     ) -> None:
         super().__init__(paths)
-        # The index and the event pages read the marts' Parquet files themselves, as local
-        # files: on a lake whose files are on S3 (mallard/distributed.py) reads go through SQL.
-        use_index = use_index and self.local_files
         self.use_index = use_index
         self.build_nice = build_nice  # the background index builds' niceness
         # Event pages from a process of their own (api/pages.py), not on this one's GIL.
