@@ -100,12 +100,14 @@ clean-data: ## delete ./data (asks first)
 test-distributed: install ## the distributed topology against the embedded default (PostgreSQL)
 	$(VENV)/bin/python -m pytest -m distributed tests/distributed -p no:cacheprovider --durations=5
 
-# About a minute: one real server, schemathesis over every operation of its OpenAPI document,
-# hand-made and generated hostile bodies, gzip bombs, slowloris bodies; figures at the end.
-test-reliability: install ## hostile input against a real server (docs/reliability.md)
+# About 15 minutes: hostile input, crashes (5 kills each), resources, isolation, the page in
+# Chromium; real servers on loopback ports, figures printed at the end (docs/reliability.md).
+test-reliability: test-deps ## hostile input, crashes, resources, isolation (docs/reliability.md)
 	$(VENV)/bin/python -m pytest -m reliability tests/reliability -p no:cacheprovider -s -q
 
-# Longer: 100 schemathesis examples per operation (valid regulations filed too), 2,000 bodies.
-soak: install ## the long variants of the reliability suite
+# Longer (over an hour): 100 schemathesis examples per operation (valid regulations filed too),
+# 2,000 bodies, 20 kills of the collector and of the pipeline, an hour of load with no pipeline.
+soak: test-deps ## the long variants of the reliability suite
 	MALLARD_FUZZ_EXAMPLES=100 MALLARD_FUZZ_FILE_REGULATIONS=1 MALLARD_RELIABILITY_EXAMPLES=2000 \
+	  MALLARD_CRASH_KILLS=20 MALLARD_LOAD_DOWN_S=3600 \
 	  $(VENV)/bin/python -m pytest -m reliability tests/reliability -p no:cacheprovider -s -q
