@@ -97,6 +97,9 @@ clean-data: ## delete ./data (asks first)
 # A few minutes: a real PostgreSQL (initdb in a temp dir, loopback, as mallard-pg when root) and
 # moto's S3 server, 2 collectors (one SIGKILLed mid-load), 2 API replicas, passes and a Delete,
 # compared with the embedded default on the same messages (docs/deploy.md).
+	@ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || { echo "installing Debian postgresql"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq postgresql >/dev/null; }
 test-distributed: install ## the distributed topology against the embedded default (PostgreSQL)
 	$(VENV)/bin/python -m pytest -m distributed tests/distributed -p no:cacheprovider --durations=5
 
