@@ -221,6 +221,7 @@ def tree_size(path: Path) -> tuple[int, int]:
     return len(files), total
 
 
+@pytest.mark.timeout(LOAD_S + 300)  # an hour in make soak; pytest's default limit is 600 s
 def test_wal_and_landing_stay_bounded_with_the_pipeline_down(tmp_path: Path) -> None:
     data = tmp_path / "data"
     server = Server(
