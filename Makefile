@@ -51,14 +51,13 @@ $(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package-lock.json
 test-deps: install $(CHROMIUM) $(NODE_DEPS) ## install what the tests need beyond .venv (chromium, node SDKs)
 
 # Two workers, each taking whole files (a file's module-scoped server and pass stay shared): the
-# integration tests wait on subprocesses much of the time, so two share the 2 cores well. Tests
-# marked solo (`mallard up` starting and stopping everything) run afterwards on their own. Files
+# integration tests wait on subprocesses much of the time, so two share the 2 cores well. Files
 # go to the workers in collection order (--no-loadscope-reorder; xdist's default puts files with
 # the most tests first, leaving long files of one test to the end, where one worker runs them
-# while the other idles): the unit tests first (tests/conftest.py), whose few long files build lakes.
+# while the other idles): the longest file first (test_up: `mallard up` starting and stopping
+# everything), then the unit tests, whose few long files build lakes (tests/conftest.py).
 test: test-deps ## run the whole test suite (fault-injection variants: make test-faults)
-	$(VENV)/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m 'not faults and not solo and not airgap and not reliability and not distributed' --durations=30
-	$(VENV)/bin/python -m pytest -m solo --durations=5
+	$(VENV)/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m 'not faults and not airgap and not reliability and not distributed' --durations=30
 	@echo "NOTE: the fault-injection variants (pytest -m faults) are not part of make test: run make test-faults"
 	@echo "NOTE: the air-gapped run (pytest -m airgap, root) is not part of make test: run make test-airgap"
 	@echo "NOTE: the hostile-input suite (pytest -m reliability, ~1 min) is not part of make test: run make test-reliability"
@@ -97,10 +96,10 @@ clean-data: ## delete ./data (asks first)
 # A few minutes: a real PostgreSQL (initdb in a temp dir, loopback, as mallard-pg when root) and
 # moto's S3 server, 2 collectors (one SIGKILLed mid-load), 2 API replicas, passes and a Delete,
 # compared with the embedded default on the same messages (docs/deploy.md).
+test-distributed: install ## the distributed topology against the embedded default (PostgreSQL)
 	@ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || { echo "installing Debian postgresql"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; $$SUDO apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq postgresql >/dev/null; }
-test-distributed: install ## the distributed topology against the embedded default (PostgreSQL)
 	$(VENV)/bin/python -m pytest -m distributed tests/distributed -p no:cacheprovider --durations=5
 
 # About 15 minutes: hostile input, crashes (5 kills each), resources, isolation, the page in

@@ -28,12 +28,20 @@ class Tenant:
     brand_id: str
 
 
+_last_iso: tuple[datetime | None, str] = (None, "")
+
+
 def iso(t: datetime) -> str:
     """ISO-8601 UTC with millisecond precision and a `Z`, as every stored timestamp."""
-    if t.tzinfo is not UTC:
-        t = t.astimezone(UTC)
+    global _last_iso
+    last, text = _last_iso
+    if t is last:  # a batch's calls share their receivedAt: formatted once
+        return text
+    u = t if t.tzinfo is UTC else t.astimezone(UTC)
     # isoformat is C code; strftime was the largest single cost of stamping a batch.
-    return t.isoformat(timespec="milliseconds")[:-6] + "Z"
+    text = u.isoformat(timespec="milliseconds")[:-6] + "Z"
+    _last_iso = (t, text)
+    return text
 
 
 def parse_time(value: Any, field: str, where: str = "") -> datetime:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
-import gc
 import hashlib
 import os
 import sys
@@ -30,6 +29,7 @@ from typing import Any
 import msgspec
 import polars as pl
 
+from mallard import gc_pause
 from mallard.paths import DataPaths
 
 COLLECTOR = "import"
@@ -562,35 +562,32 @@ def import_customers(
     landing: Future[None] | None = None
     # A chunk makes a few short-lived objects per row (digests, slices, frames), none in a
     # cycle; the collections they set off traversed every live object (~8% of the import's CPU).
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        for start in range(0, df.height, chunk_rows):
-            part = heads(df.slice(start, chunk_rows))
-            keep = None
-            if regulated:
-                items = [("identify", {"userId": u}) for u in part["userId"]]
-                keep = admit_regulated(snapshot, tenant, CHANNEL, items)
-            chunk = chunk_messages(part, st, keep)
-            dropped += part.height - len(chunk)
-            if len(chunk):
-                segment = log.seal(chunk.messages)
-                table = landing_table(chunk, st)
-                if landing is not None:
-                    landing.result()
-                landing = lander.submit(log.land, segment, table, day)
-                stored += len(chunk)
+    with gc_pause.paused():
+        try:
+            for start in range(0, df.height, chunk_rows):
+                part = heads(df.slice(start, chunk_rows))
+                keep = None
+                if regulated:
+                    items = [("identify", {"userId": u}) for u in part["userId"]]
+                    keep = admit_regulated(snapshot, tenant, CHANNEL, items)
+                chunk = chunk_messages(part, st, keep)
+                dropped += part.height - len(chunk)
+                if len(chunk):
+                    segment = log.seal(chunk.messages)
+                    table = landing_table(chunk, st)
+                    if landing is not None:
+                        landing.result()
+                    landing = lander.submit(log.land, segment, table, day)
+                    stored += len(chunk)
+                if bar is not None:
+                    bar.update(part.height)
+            if landing is not None:
+                landing.result()
+        finally:
+            lander.shutdown(wait=True)
             if bar is not None:
-                bar.update(part.height)
-        if landing is not None:
-            landing.result()
-    finally:
-        if collecting:
-            gc.enable()
-        lander.shutdown(wait=True)
-        if bar is not None:
-            bar.close()
-        log.close()
+                bar.close()
+            log.close()
     return Summary(df.height, stored, dropped, time.monotonic() - t0)
 
 

@@ -66,8 +66,17 @@ def wait_landed(data_dir: Path, event_ids: list[str], timeout: float = 30) -> No
     raise AssertionError(f"{len(missing)} acknowledged messages not landed after {timeout}s")
 
 
+# The longest file of the suite (about two minutes: `mallard up` started twice and stopped).
+FIRST = "tests/integration/test_up.py"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The unit tests first, each part in its file order: `make test`'s workers take files in
-    this order, and the few long unit files (they build lakes) are then not left to the end,
-    where one worker would run them while the other idles."""
-    items.sort(key=lambda item: 0 if "tests/unit/" in item.nodeid else 1)
+    """test_up first, then the unit tests, each part in its file order: `make test`'s workers
+    take files in this order, and the long files (test_up; the few unit files that build
+    lakes) are then not left to the end, where one worker would run them while the other
+    idles."""
+    items.sort(
+        key=lambda item: (
+            0 if item.nodeid.startswith(FIRST) else 1 if "tests/unit/" in item.nodeid else 2
+        )
+    )

@@ -46,7 +46,7 @@ from urllib.parse import quote
 from collector.messages import Tenant, stamp
 from collector.roller import recover, roll_segment
 from collector.wal import SEALED_SUFFIX, frame, fsync_dir
-from mallard import jsontext
+from mallard import gc_pause, jsontext
 from mallard.commands import SEND_CHANNELS, START_JOURNEY
 from mallard.paths import DataPaths
 from mallard.warehouse import STRINGS, strings
@@ -190,7 +190,7 @@ def journey_message(row: tuple[Any, ...], received: datetime) -> dict[str, Any]:
     journeys' clock's at the transition."""
     from mallard import clock
 
-    key, event, props, at, client_id, account_id, brand_id, user_id, anonymous_id, cmd = row
+    key, event, props, at, client_id, account_id, brand_id, user_id, anonymous_id, cmd = row[:10]
     msg: dict[str, Any] = {
         "event": event,
         "properties": jsontext.loads(props),
@@ -785,38 +785,39 @@ def move_instances(
     watch = {j for j, journey in planning.journeys.items() if jr.watches_events(journey)}
     lake = Lake(paths)
     try:
-        for i in range(0, len(ids), JOURNEY_BATCH):
-            chunk = ids[i : i + JOURNEY_BATCH]
-            # The moves are worked out on the instances as read now, outside the write lock (a
-            # second process moves its own meanwhile), and written if no instance changed
-            # since: else the batch is read and moved again inside the transaction.
-            instances = outbox.read(partial(jr.load, ids=chunk))
-            states = {inst.instance_id: jr.state(inst) for inst in instances}
-            facts = lake.facts(
-                [inst.customer_id for inst in instances],
-                [inst.customer_id for inst in instances if inst.journey_id in push],
-            )
-            watching = [inst for inst in instances if inst.journey_id in watch]
-            seen = jr.read_seen(
-                lake,
-                [inst.customer_id for inst in watching],
-                min((min(w.started_real, w.step_entered_real) for w in watching), default=0.0),
-            )
-            mover = planning.mover(None, outbox, facts, seen)
-            for inst in instances:
-                mover.move(inst)
-            _fault("journey_before_move")
-            with outbox.transaction() as conn:
-                if jr.states(conn, list(states)) != states:
-                    mover = planning.mover(conn, outbox, facts, seen)
-                    for inst in jr.load(conn, chunk):
-                        mover.move(inst)
-                mover.conn = conn
-                mover.flush()
-                _fault("journey_in_move")
-            _fault("journey_after_move")
-            result.moved += mover.moved
-            result.exited += mover.exited
+        with outbox.deferred_checkpoints(), gc_pause.paused():
+            for i in range(0, len(ids), JOURNEY_BATCH):
+                chunk = ids[i : i + JOURNEY_BATCH]
+                # The moves are worked out on the instances as read now, outside the write lock (a
+                # second process moves its own meanwhile), and written if no instance changed
+                # since: else the batch is read and moved again inside the transaction.
+                instances = outbox.read(partial(jr.load, ids=chunk))
+                states = {inst.instance_id: jr.state(inst) for inst in instances}
+                facts = lake.facts(
+                    [inst.customer_id for inst in instances],
+                    [inst.customer_id for inst in instances if inst.journey_id in push],
+                )
+                watching = [inst for inst in instances if inst.journey_id in watch]
+                seen = jr.read_seen(
+                    lake,
+                    [inst.customer_id for inst in watching],
+                    min((min(w.started_real, w.step_entered_real) for w in watching), default=0.0),
+                )
+                mover = planning.mover(None, outbox, facts, seen)
+                for inst in instances:
+                    mover.move(inst)
+                _fault("journey_before_move")
+                with outbox.transaction() as conn:
+                    if jr.states(conn, list(states)) != states:
+                        mover = planning.mover(conn, outbox, facts, seen)
+                        for inst in jr.load(conn, chunk):
+                            mover.move(inst)
+                    mover.conn = conn
+                    mover.flush()
+                    _fault("journey_in_move")
+                _fault("journey_after_move")
+                result.moved += mover.moved
+                result.exited += mover.exited
     finally:
         lake.close()
 
@@ -922,14 +923,14 @@ def send_due(
             session.close()
 
 
-def record(paths: DataPaths, outbox: Outbox, result: DispatchResult) -> None:
-    """Writes the final sends' outcome events and the journeys' events through the
-    dispatcher's log, then marks them recorded (a crash between the two records them again
-    under the same messageIds: stored once)."""
+def record(paths: DataPaths, outbox: Outbox, result: DispatchResult, journeys: bool = True) -> None:
+    """Writes the final sends' outcome events and (with `journeys`) the journeys' events
+    through the dispatcher's log, then marks them recorded (a crash between the two records
+    them again under the same messageIds: stored once)."""
     from orchestration.delivery import journeys as jr
 
     sends = outbox.unrecorded()
-    journey_events = outbox.read(jr.unrecorded)
+    journey_events = outbox.read(jr.unrecorded) if journeys else []
     if not sends and not journey_events:
         return
     outcomes = OutcomeLog(paths)
@@ -938,11 +939,12 @@ def record(paths: DataPaths, outbox: Outbox, result: DispatchResult) -> None:
     outbox.mark_recorded([s.send_id for s in sends])
     # The journeys' events a segment at a time (jr.unrecorded's limit each): a move of 100k
     # customers makes 300k of them.
-    while journey_events:
-        outcomes.write([journey_message(row, now) for row in journey_events])
-        with outbox.transaction() as conn:
-            jr.mark_recorded(conn, [row[0] for row in journey_events])
-        journey_events = outbox.read(jr.unrecorded)
+    with outbox.deferred_checkpoints(), gc_pause.paused():
+        while journey_events:
+            outcomes.write([journey_message(row, now) for row in journey_events])
+            with outbox.transaction() as conn:
+                jr.mark_recorded(conn, journey_events)
+            journey_events = outbox.read(jr.unrecorded)
     result.recorded += len(sends)
     for s in sends:
         if s.status == SENT:
@@ -963,7 +965,9 @@ def dispatch(paths: DataPaths, deliver_fn: Any = deliver) -> DispatchResult:
     try:
         plan(paths, outbox, result, planning)
         advance(paths, outbox, result, planning)
-        record(paths, outbox, result)  # guards' outcomes first: they need no provider
+        # The guards' outcomes first (they need no provider), then the sends; the journeys'
+        # events after them (a move of 100k customers makes 300k, seconds of writing).
+        record(paths, outbox, result, journeys=False)
         send_due(paths, outbox, result, base_url, deliver_fn)
         record(paths, outbox, result)
     finally:

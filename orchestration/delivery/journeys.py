@@ -240,7 +240,7 @@ class Mover:
         self._order: dict[str, int] = {}  # instance id -> events recorded in this move
         self._events: list[tuple[Any, ...]] = []  # journey_events rows to insert (flush)
         self._saves: dict[str, tuple[Any, ...]] = {}  # instance id -> its update (flush)
-        self._sends: list[tuple[str, dict[str, Any]]] = []  # (command eventId, send) (flush)
+        self._sends: list[tuple[Any, ...]] = []  # rows of the sends table (flush)
 
     # --- entering ---------------------------------------------------------------------------
 
@@ -440,7 +440,9 @@ class Mover:
                 "instanceId": inst.instance_id,
                 "stepId": inst.step_id,
             }
-        self._sends += [(inst.command_event_id, r) for r in rows]
+        from orchestration.delivery.outbox import send_rows
+
+        self._sends += send_rows([(inst.command_event_id, r) for r in rows], self.real)
 
     def _channel(self, step: Step) -> str:
         """The channel of the step's asset (email for one that does not load: its send fails
@@ -477,9 +479,9 @@ class Mover:
         """Writes the sends, events and instance states the moves made, in the transaction:
         one statement each for the batch (the caller commits)."""
         if self._sends:
-            from orchestration.delivery.outbox import insert_sends_many
+            from orchestration.delivery.outbox import insert_send_rows
 
-            insert_sends_many(self.conn, self._sends, time.time())
+            insert_send_rows(self.conn, self._sends)
             self._sends.clear()
         if self._events:
             self.conn.executemany(
@@ -592,17 +594,22 @@ def load(conn: sqlite3.Connection, ids: list[str]) -> list[Instance]:
     return out
 
 
-def state(inst: Instance) -> tuple[str, str, dict[str, int], float]:
-    """What a move changes in every instance it moves on: status, step, visits (they only grow)
-    and when the step was entered; equal states mean no move happened in between."""
-    return (inst.status, inst.step_id, dict(inst.visits), inst.step_entered_at)
+def state(inst: Instance) -> tuple[str, str, str, float]:
+    """What a move changes in every instance it moves on: status, step, visits (they only grow;
+    as stored, canonical JSON) and when the step was entered; equal states mean no move
+    happened in between."""
+    return (
+        inst.status,
+        inst.step_id,
+        jsontext.dumps(inst.visits, sort_keys=True),
+        inst.step_entered_at,
+    )
 
 
-def states(
-    conn: sqlite3.Connection, ids: list[str]
-) -> dict[str, tuple[str, str, dict[str, int], float]]:
-    """`state` of the instances among `ids` that are active now."""
-    out: dict[str, tuple[str, str, dict[str, int], float]] = {}
+def states(conn: sqlite3.Connection, ids: list[str]) -> dict[str, tuple[str, str, str, float]]:
+    """`state` of the instances among `ids` that are active now (read inside the moving
+    transaction, so nothing is decoded here)."""
+    out: dict[str, tuple[str, str, str, float]] = {}
     for i in range(0, len(ids), 500):
         chunk = ids[i : i + 500]
         for iid, status, step_id, visits, entered in conn.execute(
@@ -610,7 +617,7 @@ def states(
             f" where +status = 'active' and instance_id in ({', '.join('?' * len(chunk))})",
             chunk,
         ):
-            out[iid] = (status, step_id, jsontext.loads(visits), entered)
+            out[iid] = (status, step_id, visits, entered)
     return out
 
 
@@ -629,16 +636,18 @@ def unrecorded(conn: sqlite3.Connection, limit: int = 10_000) -> list[tuple[Any,
     5.2 s a call with 500,000 waiting against 0.4 s)."""
     return conn.execute(
         "select e.event_key, e.event, e.properties, e.at, i.client_id, i.account_id,"
-        " i.brand_id, i.user_id, i.anonymous_id, i.command_event_id"
+        " i.brand_id, i.user_id, i.anonymous_id, i.command_event_id, e.rowid"
         " from journey_events e join journey_instances i using (instance_id)"
         " where e.recorded = 0 order by e.rowid limit ?",
         (limit,),
     ).fetchall()
 
 
-def mark_recorded(conn: sqlite3.Connection, keys: list[str]) -> None:
+def mark_recorded(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+    """Marks `unrecorded`'s rows recorded, by rowid (their last column): no lookup of the
+    text key for each of them."""
     conn.executemany(
-        "update journey_events set recorded = 1 where event_key = ?", [(k,) for k in keys]
+        "update journey_events set recorded = 1 where rowid = ?", [(r[-1],) for r in rows]
     )
 
 

@@ -24,7 +24,7 @@ from mallard.paths import DataPaths
 from orchestration.locks import watcher_pid
 from tests.browser import chromium
 
-pytestmark = [pytest.mark.integration, pytest.mark.solo]
+pytestmark = pytest.mark.integration
 
 
 def _wait(what: str, ok: Callable[[], object], timeout: float, log: Callable[[], str]) -> None:

@@ -115,3 +115,28 @@ def test_batch_item_kind() -> None:
 
 def test_parse_time_accepts_dates() -> None:
     assert parse_time("2026-01-02", "timestamp") == datetime(2026, 1, 2, tzinfo=UTC)
+
+
+def test_iso_formats_each_time_and_remembers_only_the_same_object() -> None:
+    from datetime import timedelta, timezone
+
+    from collector.messages import iso
+
+    a = datetime(2026, 5, 1, 12, 0, 0, 123456, tzinfo=UTC)
+    assert iso(a) == iso(a) == "2026-05-01T12:00:00.123Z"
+    b = a + timedelta(milliseconds=1)
+    assert iso(b) == "2026-05-01T12:00:00.124Z"
+    # An equal time in another zone is its own object: converted, not the remembered text.
+    c = datetime(2026, 5, 1, 14, 0, 0, 124000, tzinfo=timezone(timedelta(hours=2)))
+    assert iso(c) == "2026-05-01T12:00:00.124Z"
+    assert iso(datetime(2026, 5, 1, 14, 0, tzinfo=timezone(timedelta(hours=3)))) == (
+        "2026-05-01T11:00:00.000Z"
+    )
+
+
+def test_journey_clock_iso_is_strftimes_text() -> None:
+    from mallard import clock
+
+    for ts in (0.0, 1.5, 1_999_999_999.000001, 1_764_237_600.25):
+        expected = datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        assert clock.iso(ts) == expected
