@@ -4,12 +4,14 @@ one pipeline watcher per data dir."""
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
+from mallard.distributed import storage
 from mallard.paths import DataPaths
 
 
@@ -19,9 +21,29 @@ def _file_lock(paths: DataPaths, name: str) -> Iterator[None]:
     with open(paths.lake_dir / name, "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
-            yield
+            with _catalog_lock(name):
+                yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@contextmanager
+def _catalog_lock(name: str) -> Iterator[None]:
+    """With the lake's catalog on PostgreSQL, the same lock as a PostgreSQL advisory lock too,
+    so writers on other machines (a regulation's run started by another API replica) wait
+    for it; a process that dies releases it with its session, as the kernel does a flock."""
+    where = storage()
+    if not where.on_postgres:
+        yield
+        return
+    key = int.from_bytes(hashlib.sha256(f"mallard:{name}".encode()).digest()[:8], signed=True)
+    conn = where.catalog_connect()
+    try:
+        with conn.cursor() as cur:
+            cur.execute("select pg_advisory_lock(%s)", (key,))
+        yield
+    finally:
+        conn.close()  # ends the session, which releases its advisory locks
 
 
 def load_lock(paths: DataPaths) -> AbstractContextManager[None]:
