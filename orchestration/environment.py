@@ -5,7 +5,9 @@ of mallard/offline.py.
 dbt reads its profile (the data dir), the subscription-id key and its own DBT_* settings from
 the environment, and a dbt that runs on a thread of the pipeline's process
 (orchestration/dbt_in_process.py) reads this process's. Nothing else in the orchestrator reads
-the environment during a pass: the data dir comes from the `LakeResource`.
+the environment during a pass: the data dir comes from the `LakeResource`; where the lake and
+the landing files live (PostgreSQL, S3) is the deployment's, read alike by every process of it
+through mallard/distributed.py, and handed to dbt's `distributed` target here.
 """
 
 from __future__ import annotations
