@@ -35,6 +35,7 @@ import tomllib
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
+from contextlib import closing
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
@@ -783,43 +784,39 @@ def move_instances(
         j for j, journey in planning.journeys.items() if jr.sends_push(journey, planning.assets)
     }
     watch = {j for j, journey in planning.journeys.items() if jr.watches_events(journey)}
-    lake = Lake(paths)
-    try:
-        with outbox.deferred_checkpoints(), gc_pause.paused():
-            for i in range(0, len(ids), JOURNEY_BATCH):
-                chunk = ids[i : i + JOURNEY_BATCH]
-                # The moves are worked out on the instances as read now, outside the write lock (a
-                # second process moves its own meanwhile), and written if no instance changed
-                # since: else the batch is read and moved again inside the transaction.
-                instances = outbox.read(partial(jr.load, ids=chunk))
-                states = {inst.instance_id: jr.state(inst) for inst in instances}
-                facts = lake.facts(
-                    [inst.customer_id for inst in instances],
-                    [inst.customer_id for inst in instances if inst.journey_id in push],
-                )
-                watching = [inst for inst in instances if inst.journey_id in watch]
-                seen = jr.read_seen(
-                    lake,
-                    [inst.customer_id for inst in watching],
-                    min((min(w.started_real, w.step_entered_real) for w in watching), default=0.0),
-                )
-                mover = planning.mover(None, outbox, facts, seen)
-                for inst in instances:
-                    mover.move(inst)
-                _fault("journey_before_move")
-                with outbox.transaction() as conn:
-                    if jr.states(conn, list(states)) != states:
-                        mover = planning.mover(conn, outbox, facts, seen)
-                        for inst in jr.load(conn, chunk):
-                            mover.move(inst)
-                    mover.conn = conn
-                    mover.flush()
-                    _fault("journey_in_move")
-                _fault("journey_after_move")
-                result.moved += mover.moved
-                result.exited += mover.exited
-    finally:
-        lake.close()
+    with closing(Lake(paths)) as lake, outbox.deferred_checkpoints(), gc_pause.paused():
+        for i in range(0, len(ids), JOURNEY_BATCH):
+            chunk = ids[i : i + JOURNEY_BATCH]
+            # The moves are worked out on the instances as read now, outside the write lock (a
+            # second process moves its own meanwhile), and written if no instance changed
+            # since: else the batch is read and moved again inside the transaction.
+            instances = outbox.read(partial(jr.load, ids=chunk))
+            states = {inst.instance_id: jr.state(inst) for inst in instances}
+            facts = lake.facts(
+                [inst.customer_id for inst in instances],
+                [inst.customer_id for inst in instances if inst.journey_id in push],
+            )
+            watching = [inst for inst in instances if inst.journey_id in watch]
+            seen = jr.read_seen(
+                lake,
+                [inst.customer_id for inst in watching],
+                min((min(w.started_real, w.step_entered_real) for w in watching), default=0.0),
+            )
+            mover = planning.mover(None, outbox, facts, seen)
+            for inst in instances:
+                mover.move(inst)
+            _fault("journey_before_move")
+            with outbox.transaction() as conn:
+                if jr.states(conn, list(states)) != states:
+                    mover = planning.mover(conn, outbox, facts, seen)
+                    for inst in jr.load(conn, chunk):
+                        mover.move(inst)
+                mover.conn = conn
+                mover.flush()
+                _fault("journey_in_move")
+            _fault("journey_after_move")
+            result.moved += mover.moved
+            result.exited += mover.exited
 
 
 def _fault(step: str) -> None:
