@@ -7,6 +7,7 @@ Every endpoint family (server HTTP, tag, mobile, Segment drop-in) goes through t
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Any
@@ -42,6 +43,20 @@ def iso(t: datetime) -> str:
     text = u.isoformat(timespec="milliseconds")[:-6] + "Z"
     _last_iso = (t, text)
     return text
+
+
+# The form iso() writes. A client timestamp already in it (as SDKs send them) is stored as sent:
+# parsed (validated) but not formatted again, and the cache of iso() keeps the request's
+# receivedAt (formatting each call's own timestamp there made every call of a batch miss it).
+_ISO_FORM = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z", re.ASCII)
+
+
+def _iso_of(value: str, t: datetime) -> str:
+    """iso(t) of a time parsed from `value`, without formatting it when `value` is in its form."""
+    if _ISO_FORM.fullmatch(value):
+        return value
+    u = t if t.tzinfo is UTC else t.astimezone(UTC)
+    return u.isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
 def parse_time(value: Any, field: str, where: str = "") -> datetime:
@@ -146,8 +161,10 @@ def stamp(
     source: str,
     received: datetime,
     request_ip: str | None,
+    event_id: str | None = None,
 ) -> dict[str, Any]:
-    """The stored message: the client's fields plus eventId, receivedAt, timestamp, ..."""
+    """The stored message: the client's fields plus eventId (event_id, or a new id),
+    receivedAt, timestamp, ..."""
     stored = dict(msg)
     stored.pop("writeKey", None)
     received_iso = iso(received)
@@ -163,11 +180,13 @@ def stamp(
                 raise InvalidRequest(
                     '"timestamp" corrected by "sentAt" falls outside the years 1 to 9999'
                 ) from None
-        stored["timestamp"] = iso(ts)
+            stored["timestamp"] = _iso_of("", ts)
+        else:
+            stored["timestamp"] = _iso_of(ts_raw, ts)
     else:
         stored["timestamp"] = received_iso
     if sent_raw is not None:
-        stored["sentAt"] = iso(parse_time(sent_raw, "sentAt"))
+        stored["sentAt"] = _iso_of(sent_raw, parse_time(sent_raw, "sentAt"))
     context = dict(msg.get("context") or {})
     if (
         "ip" not in context
@@ -177,7 +196,7 @@ def stamp(
         context["ip"] = request_ip
     stored["context"] = context
     stored["type"] = kind
-    stored["eventId"] = new_id()
+    stored["eventId"] = event_id or new_id()
     stored["messageId"] = msg.get("messageId") or stored["eventId"]
     stored["receivedAt"] = received_iso
     stored["channel"] = channel

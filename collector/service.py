@@ -11,14 +11,20 @@ import msgspec
 
 from collector.admission import Admission
 from collector.roller import Roller, recover
-from collector.wal import SEALED_SUFFIX, WalUnavailable, WriteAheadLog, list_segments
+from collector.wal import (
+    SEALED_SUFFIX,
+    WalUnavailable,
+    WriteAheadLog,
+    encode_frames,
+    list_segments,
+)
 from mallard.commands import command_catalog
 from mallard.errors import Unavailable
 from mallard.paths import DataPaths
 from mallard.regulations import AdmissionLists
 from mallard.settings import Settings
 
-_encode = msgspec.json.Encoder().encode
+_encoder = msgspec.json.Encoder()
 log = logging.getLogger(__name__)
 # How long a load of the regulation lists retries before the calls waiting for it get 503: long
 # enough for a busy file, short enough that a sender is answered soon while they are unreadable.
@@ -77,7 +83,7 @@ class Collector:
     async def accept(self, stored: list[dict[str, object]]) -> None:
         """Returns once every message is durable; Unavailable if the log cannot be written."""
         try:
-            await self.wal.append_async([_encode(m) for m in stored])
+            await self.wal.append_frames_async(encode_frames(stored, _encoder))
         except WalUnavailable as e:
             # The log tries a fresh segment once a second (WriteAheadLog._retry).
             raise Unavailable(

@@ -185,6 +185,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
     from collector.clients import ROUTES as CLIENT_ROUTES
     from collector.cors import BrowserCors
     from collector.routes import ROUTES as COLLECTOR_ROUTES
+    from collector.routes import install_fast_ingest
     from collector.service import Collector
     from collector.tag import ROUTES as TAG_ROUTES
     from orchestration.environment import TELEMETRY_OFF
@@ -240,6 +241,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
         openapi_config=openapi,
         debug=False,
     )
+    # Server ingestion answered in front of the router (collector/routes.py FastIngest).
+    install_fast_ingest(app)
     # Outermost, so CORS reaches the router's own 404/405 answers and every error.
     app.asgi_handler = BrowserCors(BodyDeadline(app.asgi_handler, settings.limits.body_timeout_s))
     app.state.settings = settings

@@ -147,6 +147,52 @@ def test_batch(srv: Server) -> None:
     assert stored[ids[2]]["messageId"] == "mid-1"
 
 
+def test_batch_of_many_calls_gets_distinct_ids_and_canonical_times(srv: Server) -> None:
+    """From BATCH_IDS calls on, a batch's ids come from one reservation; a timestamp already in
+    the stored form is kept as sent, any other form is stored in it."""
+    forms = {
+        "2026-03-01T12:00:00.250Z": "2026-03-01T12:00:00.250Z",
+        "2026-03-01T13:00:00.25+01:00": "2026-03-01T12:00:00.250Z",
+        "2026-03-01": "2026-03-01T00:00:00.000Z",
+        "2026-W09-7T12:00:00.000Z": "2026-03-01T12:00:00.000Z",  # a week date, same shape
+    }
+    batch = [
+        {"type": "track", "userId": f"m{i}", "event": "E", "timestamp": sent}
+        for i, sent in enumerate(list(forms) * 10)
+    ]
+    r = srv.post("batch", {"batch": batch})
+    assert r.status_code == 200, r.text
+    ids = r.json()["eventIds"]
+    assert len(set(ids)) == 40
+    wait_landed(srv.data_dir, ids)
+    stored = landed_messages(srv.data_dir)
+    for event_id, item in zip(ids, batch, strict=True):
+        msg = stored[event_id]
+        assert msg["timestamp"] == forms[item["timestamp"]]
+        assert msg["originalTimestamp"] == item["timestamp"]
+        assert msg["messageId"] == event_id
+
+
+def test_router_and_fast_path_answer_alike(srv: Server) -> None:
+    """FastIngest (collector/routes.py) takes the usual path; a trailing slash goes through
+    Litestar's router to the same handler: same statuses, bodies and headers."""
+    for body in (VALID["track"], {"event": "x"}, [1]):
+        answers = [
+            httpx.post(f"{srv.base}/track{tail}", json=body, headers=srv.headers, timeout=30)
+            for tail in ("", "/")
+        ]
+        fast, routed = answers
+        assert fast.status_code == routed.status_code, (fast.text, routed.text)
+        assert fast.headers["content-type"] == routed.headers["content-type"]
+        assert "x-mallard-requestid" in fast.headers and "x-mallard-requestid" in routed.headers
+        if fast.status_code == 200:
+            assert fast.json().keys() == routed.json().keys() == {"success", "eventId"}
+        else:
+            assert fast.json() == routed.json()
+    no_token = httpx.post(f"{srv.base}/track", json=VALID["track"], timeout=30)
+    assert no_token.status_code == 403 and no_token.json()["success"] is False
+
+
 def test_status_codes(srv: Server) -> None:
     r = srv.post("nope", VALID["track"])
     assert r.status_code == 404 and r.json()["success"] is False
