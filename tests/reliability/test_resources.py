@@ -261,14 +261,15 @@ def test_wal_and_landing_stay_bounded_with_the_pipeline_down(tmp_path: Path) -> 
             acks = sum(len(o.read_text().split()) for o in outs if o.exists())
             samples.append((time.monotonic() - t0, acks, files, size))
             time.sleep(0.5)
+        elapsed = time.monotonic() - t0
     finally:
         for g in gens:
             if g.poll() is None:
                 g.kill()
             g.wait()
-    elapsed = time.monotonic() - t0
-    assert server.stop() in (0, -15)
-    rss.stop()
+        rss.stop()
+        stopped = server.stop()  # also when the test fails or times out
+    assert stopped in (0, -15)
     acks = sum(len(o.read_text().split()) for o in outs)
     files, size = tree_size(data / "landing")
     assert acks > 1000, f"only {acks} acks in {elapsed:.0f} s"
