@@ -160,6 +160,7 @@ class WriteAheadLog:
         self.on_seal = on_seal
         self._pending: list[tuple[bytes, Waiter]] = []
         self._cond = threading.Condition()
+        self._wakes: set[asyncio.AbstractEventLoop] = set()  # loops with a _wake scheduled
         self._closing = False
         self._failed: BaseException | None = None
         self._failed_at = 0.0
@@ -198,27 +199,40 @@ class WriteAheadLog:
 
     async def append_async(self, payloads: list[bytes]) -> None:
         """Returns once the records are durable; raises WalUnavailable if they cannot be."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._enqueue(payloads, fut)
-        await fut
+        await self.append_frames_async(b"".join(frame(p) for p in payloads))
 
     async def append_frames_async(self, blob: bytes) -> None:
         """append_async of records already framed (encode_frames)."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._enqueue_blob(blob, fut)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self._enqueue_blob(blob, fut, loop)
         await fut
 
     def _enqueue(self, payloads: list[bytes], waiter: Waiter) -> None:
         self._enqueue_blob(b"".join(frame(p) for p in payloads), waiter)
 
-    def _enqueue_blob(self, blob: bytes, waiter: Waiter) -> None:
+    def _enqueue_blob(
+        self, blob: bytes, waiter: Waiter, loop: asyncio.AbstractEventLoop | None = None
+    ) -> None:
         with self._cond:
             failing = self._failed is not None and time.monotonic() - self._failed_at < 1.0
             if not (failing or self._closing):
                 self._pending.append((blob, waiter))
-                self._cond.notify()
+                if loop is None:
+                    self._cond.notify()
+                elif loop not in self._wakes:
+                    # The writer is woken once per turn of the event loop, after every request
+                    # of that turn has queued its records, not once per request: fewer, fuller
+                    # group commits and fewer switches of the GIL between the two threads.
+                    self._wakes.add(loop)
+                    loop.call_soon(self._wake, loop)
                 return
         settle([waiter], f"write-ahead log unavailable: {self._failed or 'closing'}")
+
+    def _wake(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._cond:
+            self._wakes.discard(loop)
+            self._cond.notify()
 
     @property
     def healthy(self) -> bool:
