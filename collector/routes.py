@@ -5,6 +5,7 @@ Also the tenant of such a path as a dependency, for these routes and the read AP
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -13,6 +14,8 @@ import msgspec
 from litestar import Controller, Litestar, MediaType, Request, Response, post
 from litestar._asgi.utils import is_valid_host
 from litestar.di import Provide
+from litestar.exceptions import InternalServerException
+from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.handlers import HTTPRouteHandler
 from litestar.middleware._internal.exceptions.middleware import ExceptionHandlerMiddleware
 from litestar.params import Parameter
@@ -193,7 +196,7 @@ async def ingest(
     state = request.app.state
     collector: Collector = state.collector
     limits: Limits = state.settings.limits
-    body = await request.body()
+    body = await read_body(request)
     received = datetime.now(UTC)
     client = request.scope.get("client")
     ip = client[0] if client else None
@@ -228,6 +231,34 @@ async def ingest(
     if action == "batch":
         return _encode({"success": True, "eventId": ids[0], "eventIds": ids})
     return _encode({"success": True, "eventId": ids[0]})
+
+
+async def read_body(request: Request[Any, Any, Any]) -> bytes:
+    """request.body() without Litestar's async generator (~5% of a single message's time):
+    the same rules, a content-length over the route's limit or more bytes than it streamed
+    refused with RequestEntityTooLarge (413), a client gone before the end of its body an
+    InternalServerException."""
+    limit = request.route_handler.resolve_request_max_body_size() or math.inf
+    length = request.content_length
+    if length is not None and length > limit:
+        raise RequestEntityTooLarge
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        event = await request.receive()
+        if event["type"] == "http.request":
+            chunk = event["body"]
+            if chunk:
+                total += len(chunk)
+                if total > limit:
+                    raise RequestEntityTooLarge
+                chunks.append(chunk)
+            if not event.get("more_body", False):
+                break
+        elif event["type"] == "http.disconnect":
+            raise InternalServerException("client disconnected prematurely")
+    request.is_connected = False
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 _JSON = (b"content-type", b"application/json")

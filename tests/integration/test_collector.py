@@ -224,6 +224,22 @@ def test_size_limits(srv: Server) -> None:
     assert r.json()["success"] is False
 
 
+def test_chunked_bodies_are_counted_against_the_limit(srv: Server) -> None:
+    """No content-length to refuse early: the bytes streamed are counted (collector/routes.py
+    read_body, as Litestar's Request.stream counts them)."""
+
+    def chunks(n: int) -> Iterator[bytes]:
+        yield b'{"batch":['
+        for i in range(n):
+            yield (b"," if i else b"") + json.dumps({**VALID["track"], "type": "track"}).encode()
+        yield b"]}"
+
+    r = httpx.post(f"{srv.base}/batch", content=chunks(3), headers=srv.headers, timeout=30)
+    assert r.status_code == 200 and len(r.json()["eventIds"]) == 3, r.text
+    r = httpx.post(f"{srv.base}/batch", content=chunks(25_000), headers=srv.headers, timeout=30)
+    assert r.status_code == 413 and r.json()["success"] is False, r.text
+
+
 def test_rate_limit(server_factory: Any) -> None:
     server = server_factory(env={"MALLARD_RATE_PER_SECOND": "1", "MALLARD_RATE_BURST": "3"})
     codes = [server.post("track", VALID["track"]).status_code for _ in range(3)]
