@@ -784,7 +784,7 @@ def move_instances(
         j for j, journey in planning.journeys.items() if jr.sends_push(journey, planning.assets)
     }
     watch = {j for j, journey in planning.journeys.items() if jr.watches_events(journey)}
-    with closing(Lake(paths)) as lake, outbox.deferred_checkpoints(), gc_pause.paused():
+    with closing(Lake(paths)) as lake, gc_pause.paused():
         for i in range(0, len(ids), JOURNEY_BATCH):
             chunk = ids[i : i + JOURNEY_BATCH]
             # The moves are worked out on the instances as read now, outside the write lock (a
@@ -936,7 +936,7 @@ def record(paths: DataPaths, outbox: Outbox, result: DispatchResult, journeys: b
     outbox.mark_recorded([s.send_id for s in sends])
     # The journeys' events a segment at a time (jr.unrecorded's limit each): a move of 100k
     # customers makes 300k of them.
-    with outbox.deferred_checkpoints(), gc_pause.paused():
+    with gc_pause.paused():
         while journey_events:
             outcomes.write([journey_message(row, now) for row in journey_events])
             with outbox.transaction() as conn:

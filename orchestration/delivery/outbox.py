@@ -250,21 +250,6 @@ class Outbox:
         ).fetchone()
         return None if row is None or row[0] is None else float(row[0])
 
-    @contextmanager
-    def deferred_checkpoints(self) -> Iterator[None]:
-        """No automatic WAL checkpoint on this connection's commits inside, one at the end: a
-        move of 10,000 journey instances commits ~25 MiB, so SQLite's default (after every
-        commit past 1,000 pages) copied each batch into the database file and synced it while
-        the other mover waited (100k moved in two processes: 17-20 s without, 27-28 s with,
-        same load). Readers and the other connections are unaffected; the WAL grows by what is
-        written inside until the checkpoint."""
-        self._conn.execute("pragma wal_autocheckpoint=0")
-        try:
-            yield
-        finally:
-            self._conn.execute("pragma wal_autocheckpoint=1000")
-            self._conn.execute("pragma wal_checkpoint(passive)")
-
     def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
         """One write transaction (BEGIN IMMEDIATE) on the outbox's database, for the state
         kept beside it (journeys), so a step's move and its sends commit together."""

@@ -46,28 +46,3 @@ def test_an_expired_lease_is_claimed_again_with_the_same_send_id(tmp_path: Path)
     assert box.claim(now=1059.0) == []
     again = box.claim(now=1061.0)
     assert [(s.send_id, s.attempts) for s in again] == [(sid, 2)]
-
-
-def _wal_frames(outbox: Outbox) -> tuple[int, int]:
-    """(frames in the WAL, frames of it checkpointed): a passive checkpoint of nothing new
-    reports what is there."""
-    conn = outbox._conn  # the outbox's own connection: its pragmas are what is tested
-    _, log, done = conn.execute("pragma wal_checkpoint(passive)").fetchone()
-    return log, done
-
-
-def test_deferred_checkpoints_leave_the_wal_to_one_checkpoint_at_the_end(tmp_path: Path) -> None:
-    outbox = Outbox(tmp_path / "o.sqlite")
-    big = {"clientId": "c", "brandId": "b", "content": {"html": "x" * 3000}}
-    rows = [_row(send_id(f"e{i}", "email", "x")) | {"payload": big} for i in range(3000)]
-    conn = outbox._conn
-    with outbox.deferred_checkpoints():
-        assert conn.execute("pragma wal_autocheckpoint").fetchone()[0] == 0
-        for i in range(0, len(rows), 500):  # six commits, past SQLite's 1,000-page checkpoint
-            outbox.plan(f"cmd{i}", rows[i : i + 500])
-        wal = (tmp_path / "o.sqlite-wal").stat().st_size
-        assert wal > 9_000_000, wal  # ~3,000 pages of payloads: nothing copied back meanwhile
-    assert conn.execute("pragma wal_autocheckpoint").fetchone()[0] == 1000
-    log, done = _wal_frames(outbox)
-    assert log == done > 2000  # the one checkpoint at the end copied every frame
-    outbox.close()
