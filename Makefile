@@ -60,7 +60,7 @@ test: test-deps ## run the whole test suite (fault-injection variants: make test
 	$(VENV)/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m 'not faults and not airgap and not reliability and not distributed' --durations=30
 	@echo "NOTE: the fault-injection variants (pytest -m faults) are not part of make test: run make test-faults"
 	@echo "NOTE: the air-gapped run (pytest -m airgap, root) is not part of make test: run make test-airgap"
-	@echo "NOTE: the hostile-input suite (pytest -m reliability, ~1 min) is not part of make test: run make test-reliability"
+	@echo "NOTE: the reliability suite (pytest -m reliability: hostile input, crashes, resources, isolation; 6-15 min) is not part of make test: run make test-reliability"
 	@echo "NOTE: the distributed topology (pytest -m distributed: PostgreSQL, S3, 2 collectors, 2 replicas) is not part of make test: run make test-distributed"
 
 test-faults: test-deps ## the fault-injection variants: runs SIGKILLed mid-step, then run again
