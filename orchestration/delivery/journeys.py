@@ -594,22 +594,17 @@ def load(conn: sqlite3.Connection, ids: list[str]) -> list[Instance]:
     return out
 
 
-def state(inst: Instance) -> tuple[str, str, str, float]:
-    """What a move changes in every instance it moves on: status, step, visits (they only grow;
-    as stored, canonical JSON) and when the step was entered; equal states mean no move
-    happened in between."""
-    return (
-        inst.status,
-        inst.step_id,
-        jsontext.dumps(inst.visits, sort_keys=True),
-        inst.step_entered_at,
-    )
+def state(inst: Instance) -> tuple[str, str, dict[str, int], float]:
+    """What a move changes in every instance it moves on: status, step, visits (they only grow)
+    and when the step was entered; equal states mean no move happened in between."""
+    return (inst.status, inst.step_id, dict(inst.visits), inst.step_entered_at)
 
 
-def states(conn: sqlite3.Connection, ids: list[str]) -> dict[str, tuple[str, str, str, float]]:
-    """`state` of the instances among `ids` that are active now (read inside the moving
-    transaction, so nothing is decoded here)."""
-    out: dict[str, tuple[str, str, str, float]] = {}
+def states(
+    conn: sqlite3.Connection, ids: list[str]
+) -> dict[str, tuple[str, str, dict[str, int], float]]:
+    """`state` of the instances among `ids` that are active now."""
+    out: dict[str, tuple[str, str, dict[str, int], float]] = {}
     for i in range(0, len(ids), 500):
         chunk = ids[i : i + 500]
         for iid, status, step_id, visits, entered in conn.execute(
@@ -617,7 +612,7 @@ def states(conn: sqlite3.Connection, ids: list[str]) -> dict[str, tuple[str, str
             f" where +status = 'active' and instance_id in ({', '.join('?' * len(chunk))})",
             chunk,
         ):
-            out[iid] = (status, step_id, visits, entered)
+            out[iid] = (status, step_id, jsontext.loads(visits), entered)
     return out
 
 
