@@ -19,7 +19,7 @@ from mallard.distributed import storage
 from mallard.paths import DataPaths
 from mallard.regulations import RegulationStore, identifier_hash_sql
 from orchestration.locks import load_lock
-from orchestration.warehouse import lake_connection
+from orchestration.warehouse import lake_connection, retry_if_locked
 
 # Bounds the memory and the length of one transaction; the rest waits for the next pass.
 MAX_FILES_PER_TRANSACTION = 2000
@@ -135,51 +135,63 @@ def load_new_files(paths: DataPaths, *, fail_before_commit: bool = False) -> Loa
             batch, pending = new[:MAX_FILES_PER_TRANSACTION], len(new) - MAX_FILES_PER_TRANSACTION
             if not batch:
                 return LoadResult(0, 0, 0)
-            local_root, *remote_root = landing.roots(paths)
-            params = {
-                "files": [landing.url(paths, f) for f in batch],
-                "root": local_root,
-                "remote_root": remote_root[0] if remote_root else local_root,
-                "now": datetime.now(UTC),
-                "names": batch,
-            }
-            buried = _tombstones(conn, paths)
-            conn.execute("begin transaction")
-            conn.execute(
-                f"""
-                insert into lake.raw.messages
-                select
-                    event_id, message_id, client_id, account_id, brand_id, type, event, user_id,
-                    anonymous_id, "timestamp", received_at, sent_at, channel, source, message,
-                    replace(replace(filename, $root, ''), $remote_root, '') as landing_file,
-                    $now as loaded_at
-                from read_parquet($files, filename = true, hive_partitioning = false) as m
-                {_BURIED if buried else ""}
-                """,
-                {k: params[k] for k in ("files", "root", "remote_root", "now")} | buried,
-            )
-            conn.execute(
-                """
-                insert into lake.raw.landing_files
-                select names.landing_file, count(messages.event_id), $now
-                from (select unnest($names) as landing_file) as names
-                left join lake.raw.messages as messages
-                    on messages.landing_file = names.landing_file and messages.loaded_at = $now
-                group by names.landing_file
-                """,
-                {k: params[k] for k in ("names", "now")},
-            )
-            row = conn.execute(
-                "select coalesce(sum(rows), 0) from lake.raw.landing_files where loaded_at = $now",
-                {"now": params["now"]},
-            ).fetchone()
-            if fail_before_commit:
-                raise RuntimeError("injected failure before commit")
-            conn.execute("commit")
-            return LoadResult(len(batch), int(row[0]) if row else 0, max(pending, 0))
-        except BaseException:
-            with suppress(duckdb.Error):
-                conn.execute("rollback")
-            raise
+            # A commit refused because another process committed to the SQLite catalog since
+            # this transaction read it is tried again (the same files, the same insert).
+            loaded = retry_if_locked(lambda: _load(conn, paths, batch, fail_before_commit))
+            return LoadResult(len(batch), loaded, max(pending, 0))
         finally:
             conn.close()
+
+
+def _load(
+    conn: duckdb.DuckDBPyConnection, paths: DataPaths, batch: list[str], fail_before_commit: bool
+) -> int:
+    """One transaction: the files' messages into raw.messages and their names into the ledger;
+    the rows loaded. Rolled back on any failure."""
+    local_root, *remote_root = landing.roots(paths)
+    params = {
+        "files": [landing.url(paths, f) for f in batch],
+        "root": local_root,
+        "remote_root": remote_root[0] if remote_root else local_root,
+        "now": datetime.now(UTC),
+        "names": batch,
+    }
+    try:
+        buried = _tombstones(conn, paths)
+        conn.execute("begin transaction")
+        conn.execute(
+            f"""
+            insert into lake.raw.messages
+            select
+                event_id, message_id, client_id, account_id, brand_id, type, event, user_id,
+                anonymous_id, "timestamp", received_at, sent_at, channel, source, message,
+                replace(replace(filename, $root, ''), $remote_root, '') as landing_file,
+                $now as loaded_at
+            from read_parquet($files, filename = true, hive_partitioning = false) as m
+            {_BURIED if buried else ""}
+            """,
+            {k: params[k] for k in ("files", "root", "remote_root", "now")} | buried,
+        )
+        conn.execute(
+            """
+            insert into lake.raw.landing_files
+            select names.landing_file, count(messages.event_id), $now
+            from (select unnest($names) as landing_file) as names
+            left join lake.raw.messages as messages
+                on messages.landing_file = names.landing_file and messages.loaded_at = $now
+            group by names.landing_file
+            """,
+            {k: params[k] for k in ("names", "now")},
+        )
+        row = conn.execute(
+            "select coalesce(sum(rows), 0) from lake.raw.landing_files where loaded_at = $now",
+            {"now": params["now"]},
+        ).fetchone()
+        if fail_before_commit:
+            raise RuntimeError("injected failure before commit")
+        conn.execute("commit")
+        return int(row[0]) if row else 0
+    except BaseException:
+        with suppress(duckdb.Error):
+            conn.execute("rollback")
+        raise

@@ -4,10 +4,13 @@ pass manifest only the orchestrator writes."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import duckdb
 
@@ -15,6 +18,9 @@ from mallard.distributed import storage
 from mallard.paths import DataPaths
 from mallard.secret import ensure_secret
 from mallard.warehouse import LAKE, connect, lake_catalog_uri
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 SCHEMAS = ("raw", "staging", "intermediate", "marts", "state")
 # The schemas whose tables the read API and the `customers` view look up by customer: small row
@@ -126,7 +132,7 @@ def lake_connection(paths: DataPaths) -> duckdb.DuckDBPyConnection:
         return shared.cursor()
 
 
-# How long a process starting its first pass waits for another's commit to the catalog.
+# How long a process waits for another's commit to the catalog (its first pass, a load).
 LOCKED_CATALOG_WAIT_S = 60.0
 
 
@@ -164,6 +170,24 @@ def _make_ready(paths: DataPaths) -> None:
         conn.close()
 
 
+def retry_if_locked(attempt: Callable[[], T]) -> T:
+    """`attempt()`, again after a growing pause (0.1 s to 2 s, for up to LOCKED_CATALOG_WAIT_S)
+    while it fails with SQLite's "database is locked": another process commits to the SQLite
+    catalog (a regulation's pass, the API making its lookup schema ready), and a transaction
+    that read before that commit cannot write after it. `attempt` must roll back what it began."""
+    deadline = time.monotonic() + LOCKED_CATALOG_WAIT_S
+    wait = 0.1
+    while True:
+        try:
+            return attempt()
+        except duckdb.Error as e:
+            if "database is locked" not in str(e) or time.monotonic() + wait > deadline:
+                raise
+            log.warning("the lake's catalog is locked by another writer: again in %.1f s", wait)
+            time.sleep(wait)
+            wait = min(wait * 2, 2.0)
+
+
 def ensure_warehouse(paths: DataPaths) -> None:
     """Create the lake's schemas and raw tables if missing (idempotent; once per process and
     catalog file)."""
@@ -171,18 +195,6 @@ def ensure_warehouse(paths: DataPaths) -> None:
     if identity is not None and _READY.get(_catalog_key(paths)) == identity:
         return
     ensure_secret(paths)
-    deadline = time.monotonic() + LOCKED_CATALOG_WAIT_S
-    wait = 0.1
-    while True:
-        try:
-            _make_ready(paths)
-            break
-        except duckdb.Error as e:
-            # Another process commits to the SQLite catalog (a regulation's pass beside this
-            # one): its write lock is held for the length of a commit.
-            if "database is locked" not in str(e) or time.monotonic() + wait > deadline:
-                raise
-            time.sleep(wait)
-            wait = min(wait * 2, 2.0)
+    retry_if_locked(lambda: _make_ready(paths))
     if ensure_wal_catalog(paths) and (identity := _catalog_identity(paths)) is not None:
         _READY[_catalog_key(paths)] = identity

@@ -11,6 +11,8 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 from mallard.paths import DataPaths
 from orchestration.warehouse import lake_connection
 
@@ -101,3 +103,34 @@ def test_a_process_starts_while_another_commits(tmp_path: Path) -> None:
         assert keys.count("data_inlining_row_limit") >= 1
     finally:
         catalog.close()
+
+
+def test_retry_if_locked_tries_again_only_while_the_catalog_is_locked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import duckdb
+
+    from orchestration import warehouse
+
+    monkeypatch.setattr(warehouse.time, "sleep", lambda s: None)
+    calls: list[int] = []
+
+    def locked_twice() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise duckdb.TransactionException(
+                "Failed to commit DuckLake transaction: database is locked"
+            )
+        return "loaded"
+
+    assert warehouse.retry_if_locked(locked_twice) == "loaded"
+    assert len(calls) == 3
+
+    def broken() -> None:
+        calls.append(1)
+        raise duckdb.CatalogException("no such table")
+
+    calls.clear()
+    with pytest.raises(duckdb.CatalogException):
+        warehouse.retry_if_locked(broken)
+    assert len(calls) == 1  # any other error is not tried again
