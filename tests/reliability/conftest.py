@@ -47,6 +47,7 @@ class RssSampler:
         self.pid = pid
         self.start_mib = rss_mib(pid)
         self.peak_mib = self.start_mib
+        self.end_mib = self.start_mib  # the last sample
         self._since_mark = self.start_mib
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="rss-sampler")
@@ -58,6 +59,7 @@ class RssSampler:
                 now = rss_mib(self.pid)
             except (OSError, AssertionError):
                 return
+            self.end_mib = now
             self.peak_mib = max(self.peak_mib, now)
             self._since_mark = max(self._since_mark, now)
 

@@ -9,7 +9,7 @@ and the write-ahead log and landing files while the pipeline is down under load.
   in (rate 0.5/s, burst 1: the second call within a second is told 2 s).
 - Load with no pipeline pass for LOAD_S seconds (20 in make test-reliability, 3,600 in make
   soak): the log dir stays under a few segments, landing grows with what was acknowledged and
-  no faster, one file per roll at most; the server's RSS stays bounded.
+  no faster, one file per roll at most; the server's RSS and open descriptors stay bounded.
 """
 
 from __future__ import annotations
@@ -212,6 +212,10 @@ def test_retry_after_is_exact_and_a_retry_after_it_succeeds(tmp_path: Path) -> N
 # --- the pipeline down under load ----------------------------------------------------------------
 
 
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
 def tree_size(path: Path) -> tuple[int, int]:
     files = [p for p in path.rglob("*") if p.is_file()] if path.exists() else []
     total = 0
@@ -250,6 +254,7 @@ def test_wal_and_landing_stay_bounded_with_the_pipeline_down(tmp_path: Path) -> 
         )
         for out in outs
     ]
+    fds = [open_fds(server.proc.pid)]
     wal_peak = (0, 0)
     samples: list[tuple[float, int, int, int]] = []  # t, acks, landing files, landing bytes
     t0 = time.monotonic()
@@ -260,6 +265,7 @@ def test_wal_and_landing_stay_bounded_with_the_pipeline_down(tmp_path: Path) -> 
             files, size = tree_size(data / "landing")
             acks = sum(len(o.read_text().split()) for o in outs if o.exists())
             samples.append((time.monotonic() - t0, acks, files, size))
+            fds.append(open_fds(server.proc.pid))
             time.sleep(0.5)
         elapsed = time.monotonic() - t0
     finally:
@@ -284,10 +290,14 @@ def test_wal_and_landing_stay_bounded_with_the_pipeline_down(tmp_path: Path) -> 
     assert files <= elapsed / 2.0 + 3, f"{files} landing files in {elapsed:.0f} s"
     growth = rss.peak_mib - rss.start_mib
     assert growth < 150, f"the server's RSS grew {growth:.0f} MiB"
+    # A descriptor per open segment, landing file being written and connection: a leak of one
+    # per roll or per request would pass hundreds within minutes.
+    assert max(fds) - fds[0] < 64, f"open descriptors {fds[0]} -> peak {max(fds)}"
     FIGURES.notes.append(
         f"pipeline down {elapsed:.0f} s under 2 load processes: {acks:,} acks"
         f" ({acks / elapsed:,.0f}/s); log at most {wal_peak[0]} files / {wal_peak[1] / 2**20:.1f}"
         f" MiB; landing {files} files, {size / 2**20:.1f} MiB ({per_message:.0f} B/message,"
         f" {size / elapsed * 3600 / 2**30:.2f} GiB/h at this rate); server RSS"
-        f" {rss.start_mib:.0f} -> peak {rss.peak_mib:.0f} MiB"
+        f" {rss.start_mib:.0f} -> peak {rss.peak_mib:.0f} MiB, end {rss.end_mib:.0f} MiB;"
+        f" open descriptors {fds[0]} -> peak {max(fds)}, end {fds[-1]}"
     )
