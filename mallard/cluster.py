@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mallard.processes import stop_groups, terminate_group
+
 PG_USER = "mallard-pg"  # the system user that owns the cluster when Mallard runs as root
 PG_ROLE = "mallard"  # the database role Mallard connects as (trust on loopback only)
 S3_BUCKET = "mallard"
@@ -242,25 +244,18 @@ class Cluster:
             return int(pid_file.read_text().split()[0])
         return None
 
-    def stop(self) -> None:
-        for name, proc in reversed(list(self.procs.items())):
-            if proc.poll() is not None:
-                continue
-            # postgres: SIGINT to the postmaster is its fast shutdown (sessions ended, a
-            # checkpoint, exit); runuser, when it runs it, exits with it.
-            pid = self._postmaster_pid() if name == "postgres" else None
+    def _terminate(self, proc: subprocess.Popen[bytes]) -> None:
+        # postgres: SIGINT to the postmaster is its fast shutdown (sessions ended, a
+        # checkpoint, exit); runuser, when it runs it, exits with it.
+        pid = self._postmaster_pid() if proc is self.procs.get("postgres") else None
+        if pid is None:
+            terminate_group(proc)
+        else:
             with contextlib.suppress(ProcessLookupError):
-                if pid is not None:
-                    os.kill(pid, signal.SIGINT)
-                else:
-                    os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+                os.kill(pid, signal.SIGINT)
+
+    def stop(self) -> None:
+        stop_groups(list(self.procs.values()), 30, self._terminate)
         self.procs.clear()
         # A cluster outside root (see pg_dir) goes with its servers: nothing else finds it.
         if self.root not in self.pg_dir.parents:

@@ -26,6 +26,7 @@ import httpx
 
 from mallard.cluster import Cluster, free_port
 from mallard.paths import DataPaths
+from mallard.processes import stop_groups
 
 
 def dagster_storage_yaml(existing: str) -> str:
@@ -193,17 +194,8 @@ class Deployment:
         raise RuntimeError("dagster-webserver did not answer within 180 s")
 
     def stop(self) -> None:
-        for proc in reversed(list(self.procs.values())):
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-        for name, proc in reversed(list(self.procs.items())):
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_groups(list(reversed(self.procs.values())), 30)
+        for name in self.procs:
             (self.run_dir / f"{name}.pid").unlink(missing_ok=True)
         self.procs.clear()
         self.cluster.stop()

@@ -8,7 +8,6 @@ orchestrator's telemetry switch for the processes it starts).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -20,6 +19,7 @@ from pathlib import Path
 import httpx
 
 from mallard.paths import DataPaths
+from mallard.processes import stop_groups
 
 
 def _wait_http(url: str, proc: subprocess.Popen[bytes], what: str, timeout: float = 120) -> None:
@@ -84,18 +84,8 @@ def up(data_dir: Path, port: int, dagster_port: int, mailbox_port: int = 1025) -
         running = [name for name, proc in procs if proc.poll() is None]
         if running:
             print(f"{why}: stopping {', '.join(running)}", flush=True)
-        # Each child leads its own process group (its workers included): signal the group.
-        for _name, proc in reversed(procs):
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-        for name, proc in reversed(procs):
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_groups([proc for _, proc in reversed(procs)], 20)
+        for name, _proc in procs:
             (paths.run_dir / f"{name}.pid").unlink(missing_ok=True)
         if running:
             print("Mallard stopped.", flush=True)
