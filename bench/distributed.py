@@ -196,27 +196,22 @@ def main(argv: list[str] | None = None) -> int:
                 for k in dep.cluster.s3_keys("landing/")
             )
 
-        wait_landed("embedded", emb_rows, n)
-        wait_landed("distributed", dep_rows, n)
-        figures["pass1_emb"] = timed(lambda: emb.mallard("pipeline", "run"))
-        figures["pass1_dep"] = timed(lambda: dep.mallard("pipeline", "run"))
-        print(
-            f"first pass: embedded {figures['pass1_emb']:.1f} s, "
-            f"PG+S3 {figures['pass1_dep']:.1f} s",
-            flush=True,
-        )
+        def both_passes(key: str, which: str, landed: int) -> None:
+            """A pass on each lake once both hold `landed` messages, timed."""
+            wait_landed("embedded", emb_rows, landed)
+            wait_landed("distributed", dep_rows, landed)
+            figures[f"{key}_emb"] = timed(lambda: emb.mallard("pipeline", "run"))
+            figures[f"{key}_dep"] = timed(lambda: dep.mallard("pipeline", "run"))
+            print(
+                f"{which} pass: embedded {figures[f'{key}_emb']:.1f} s, "
+                f"PG+S3 {figures[f'{key}_dep']:.1f} s",
+                flush=True,
+            )
+
+        both_passes("pass1", "first", n)
         send_all(c1.port, dep.creds, second)
         send_all(emb.port, emb.creds, second)
-        total = len(calls)
-        wait_landed("embedded", emb_rows, total)
-        wait_landed("distributed", dep_rows, total)
-        figures["pass2_emb"] = timed(lambda: emb.mallard("pipeline", "run"))
-        figures["pass2_dep"] = timed(lambda: dep.mallard("pipeline", "run"))
-        print(
-            f"second pass: embedded {figures['pass2_emb']:.1f} s, "
-            f"PG+S3 {figures['pass2_dep']:.1f} s",
-            flush=True,
-        )
+        both_passes("pass2", "second", len(calls))
 
         lat_emb = lookups(emb.port, emb.creds, users, reads)
         lat_dep = lookups(api.port, dep.creds, users, reads)
