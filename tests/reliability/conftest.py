@@ -4,12 +4,17 @@ One real `mallard serve` for the session (mallard.harness), rate limits lifted s
 the handlers rather than 429, the body deadline short so a slowloris test ends in seconds. A
 thread samples the server process's VmRSS throughout; every request the suite sends goes
 through `Probe.send`, which counts it and checks the rule every answer keeps: never a 5xx, and
-every error JSON with a message. The figures print at the end of the run.
+every error JSON with a message. The figures print at the end of the run; httpx's log line
+per request does not (`make test-reliability` runs with -s).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -21,15 +26,49 @@ from typing import Any
 import httpx
 import pytest
 
-from mallard.harness import Server, free_port, init_data_dir
+from mallard.harness import REPO, Server, free_port, init_data_dir
+from mallard.offline import TELEMETRY_OFF
 
 BODY_TIMEOUT_S = 4.0
+HEAD_TIMEOUT_S = 4.0
 ENV = {
     "MALLARD_ROLL_INTERVAL_S": "0.3",
     "MALLARD_RATE_PER_SECOND": "1000000",
     "MALLARD_RATE_BURST": "1000000",
     "MALLARD_BODY_TIMEOUT_S": str(BODY_TIMEOUT_S),
+    "MALLARD_HEAD_TIMEOUT_S": str(HEAD_TIMEOUT_S),
 }
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # test_isolation builds the app in-process, and Litestar then sets the root logger to INFO
+    # with a handler on stderr: an httpx line per request (thousands, printed by -s) would
+    # bury the figures.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def start_loadgens(
+    server: Server, outs: list[Path], seconds: float
+) -> list[subprocess.Popen[bytes]]:
+    """A tests/reliability/loadgen.py process per file of `outs`, posting to the server's demo
+    tenant for `seconds` (or until `<out>.stop` exists), each ack appended to its file."""
+    env = {**os.environ, **TELEMETRY_OFF}
+    return [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.reliability.loadgen",
+                server.base,
+                server.creds["token"],
+                str(out),
+                str(seconds),
+            ],
+            cwd=REPO,
+            env=env,
+        )
+        for out in outs
+    ]
 
 
 def rss_mib(pid: int) -> float:

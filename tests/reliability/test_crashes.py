@@ -38,7 +38,7 @@ from mallard.harness import REPO, Server, free_port, init_data_dir, mallard
 from mallard.offline import TELEMETRY_OFF
 from mallard.paths import DataPaths
 from tests.conftest import landed_event_ids, wait_landed
-from tests.reliability.conftest import FIGURES
+from tests.reliability.conftest import FIGURES, start_loadgens
 
 pytestmark = [pytest.mark.reliability, pytest.mark.integration]
 
@@ -115,23 +115,7 @@ def test_collector_killed_under_load_stores_every_ack_once(tmp_path: Path) -> No
     server = Server(data, free_port(), init_data_dir(data), env=SERVER_ENV)
     server.start()
     outs = [tmp_path / f"gen{i}.acks" for i in range(LOADGENS)]
-    env = {**os.environ, **TELEMETRY_OFF}
-    gens = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.reliability.loadgen",
-                server.base,
-                server.creds["token"],
-                str(out),
-                "600",
-            ],
-            cwd=REPO,
-            env=env,
-        )
-        for out in outs
-    ]
+    gens = start_loadgens(server, outs, 600)
     acked_at_kill: list[int] = []
     restart_s: list[float] = []
     try:

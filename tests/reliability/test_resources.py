@@ -20,8 +20,6 @@ import json
 import math
 import os
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -31,10 +29,9 @@ from typing import Any
 import httpx
 import pytest
 
-from mallard.harness import REPO, Server, free_port, init_data_dir, mallard
-from mallard.offline import TELEMETRY_OFF
+from mallard.harness import Server, free_port, init_data_dir, mallard
 from tests.reliability.burst import BurstResult, burst, post_request
-from tests.reliability.conftest import FIGURES, RssSampler
+from tests.reliability.conftest import FIGURES, RssSampler, start_loadgens
 
 pytestmark = [pytest.mark.reliability, pytest.mark.integration]
 
@@ -238,22 +235,7 @@ def test_wal_and_landing_stay_bounded_with_the_pipeline_down(tmp_path: Path) -> 
     assert server.proc is not None
     rss = RssSampler(server.proc.pid)
     outs = [tmp_path / f"gen{i}.acks" for i in range(2)]
-    gens = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.reliability.loadgen",
-                server.base,
-                server.creds["token"],
-                str(out),
-                str(LOAD_S),
-            ],
-            cwd=REPO,
-            env={**os.environ, **TELEMETRY_OFF},
-        )
-        for out in outs
-    ]
+    gens = start_loadgens(server, outs, LOAD_S)
     fds = [open_fds(server.proc.pid)]
     wal_peak = (0, 0)
     samples: list[tuple[float, int, int, int]] = []  # t, acks, landing files, landing bytes
