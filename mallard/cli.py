@@ -98,6 +98,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from mallard.app import create_app
+    from mallard.head_deadline import head_guard
 
     settings = get_settings().with_data_dir(args.data_dir)
     if not DataPaths(settings.data_dir).control_db.exists():
@@ -119,6 +120,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         access_log=False,
         timeout_graceful_shutdown=10,
+        # uvicorn bounds neither the time nor the size of a request's head (httptools).
+        http=head_guard(settings.limits.head_timeout_s, settings.limits.max_head_bytes),
     )
     return 0
 

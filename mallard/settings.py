@@ -23,6 +23,12 @@ class Limits:
     # A request's body must have arrived this many seconds after the request did, or it gets
     # 408 (mallard/body_deadline.py): 1 MB in a minute is 17 KB/s; a slowloris client is cut off.
     body_timeout_s: float = 60.0
+    # A request's head (request line and headers) must be complete this many seconds after the
+    # connection opened or its previous response ended, and at most max_head_bytes long, or the
+    # connection is closed (408 / 431; mallard/head_deadline.py). A browser's head is a few KB
+    # in one packet; a client sending its head a byte at a time is cut off.
+    head_timeout_s: float = 20.0
+    max_head_bytes: int = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,8 @@ def get_settings() -> Settings:
         rate_per_second=float(_env("RATE_PER_SECOND", str(Limits.rate_per_second))),
         rate_burst=int(_env("RATE_BURST", str(Limits.rate_burst))),
         body_timeout_s=float(_env("BODY_TIMEOUT_S", str(Limits.body_timeout_s))),
+        head_timeout_s=float(_env("HEAD_TIMEOUT_S", str(Limits.head_timeout_s))),
+        max_head_bytes=int(_env("MAX_HEAD_BYTES", str(Limits.max_head_bytes))),
     )
     return Settings(
         data_dir=Path(_env("DATA_DIR", "./data")).resolve(),
