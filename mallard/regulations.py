@@ -278,6 +278,14 @@ class RegulationStore:
         self.paths = paths
         self.key = hash_key(paths)
         self.generation = Generation(paths.regulations_generation)
+        # Opening makes the file: a store lost after lists were written (the counter moved) must
+        # not come back empty, or the collectors would let regulated users in again.
+        if not paths.regulations_db.exists() and self.generation.read() > 1:
+            raise ListsUnavailable(
+                f"the regulations store {paths.regulations_db} is missing though lists were"
+                f" written (counter {self.generation.read()} in {paths.regulations_generation}):"
+                " restore it"
+            )
         self._local = threading.local()
         self._conn().executescript(SCHEMA)
 
