@@ -127,7 +127,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_pipeline_run(args: argparse.Namespace) -> int:
-    from orchestration.pipeline import StepResult, run_pipeline, watch_pipeline
+    from orchestration.pipeline import PASS_BEGINS, StepResult, run_pipeline, watch_pipeline
 
     def report(results: list[StepResult]) -> bool:
         ok = True
@@ -153,7 +153,7 @@ def cmd_pipeline_run(args: argparse.Namespace) -> int:
             stop,
             report,
             poll_s=args.poll,
-            begin=lambda: print("pass: new landing files", flush=True),
+            begin=lambda kind: print(f"{PASS_BEGINS[kind]}: new landing files", flush=True),
         )
     except WatcherRunning as e:
         print(f"error: {e}", file=sys.stderr)
@@ -560,7 +560,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="stay up: a pass whenever new landing files are there, in this one process",
     )
-    r.add_argument("--poll", type=float, default=1.0, help="--watch: seconds between looks")
+    r.add_argument("--poll", type=float, default=0.25, help="--watch: seconds between looks")
     r.set_defaults(fn=cmd_pipeline_run)
 
     s = sub.add_parser("tokens", help="auth tokens (shown once, stored hashed)")

@@ -47,6 +47,10 @@ class Settings:
     limits: Limits = field(default_factory=Limits)
     # Query parameter of the hosted preferences page that carries the subscription id.
     prefs_query_param: str = "s"
+    # The pipeline watcher's passes: a full pass (every model, tests, health checks, dispatch) this
+    # long after the last one ended, served passes (the models the read API serves) between
+    # them, so a message is served within seconds; 0: every pass is full.
+    full_pass_every_s: float = 30.0
     # The niceness the pipeline's model builds and the API's background read-index builds run
     # at: on a shared machine the API's reads come first and the builds wait (at 10M, traits
     # p99 during a pass went from 24 to 10 ms with the pipeline's).
@@ -112,6 +116,7 @@ def get_settings() -> Settings:
         pages_process=_env("PAGES_PROCESS", "1") not in ("0", "false", "no"),
         dbt_in_process=_env("DBT_IN_PROCESS", "1") not in ("0", "false", "no"),
         compact_at_files=int(_env("COMPACT_AT_FILES", "8")),
+        full_pass_every_s=float(_env("FULL_PASS_EVERY_S", str(Settings.full_pass_every_s))),
         fault_kill_at=_env("FAULT_KILL_AT", ""),
         journey_split_at=int(_env("JOURNEY_SPLIT_AT", "20000")),
         smtp_url=_env("SMTP_URL", "smtp://127.0.0.1:1025"),

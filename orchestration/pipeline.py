@@ -17,6 +17,7 @@ import dagster as dg
 from mallard.paths import DataPaths
 from orchestration.dbt_results import DbtTally, read_tally
 from orchestration.maintenance import needs_compaction
+from orchestration.window import PASS_KIND_TAG, PassKind
 
 
 @dataclass(frozen=True)
@@ -39,9 +40,28 @@ BY_HAND = "mallard pipeline run"
 BY_THE_WATCHER = "mallard pipeline run --watch"
 # A regulation's own passes (orchestration/regulations/job.py) are launched by "regulation <id>".
 BY_A_REGULATION = "regulation "
+# The watcher's line as a pass begins, by kind.
+PASS_BEGINS = {PassKind.FULL: "pass", PassKind.SERVED: "served pass"}
+SERVED_SUMMARY = "the marts the read API serves, no tests; the rest at the next full pass"
 
 
-def run_pipeline(data_dir: Path, launched_by: str = BY_HAND) -> list[StepResult]:
+def pass_kind(paths: DataPaths, wanted: PassKind) -> PassKind:
+    """The kind of pass that can run now: a served pass continues after a finished pass and
+    leaves the tests out, so it needs one and no change to the dbt project since every test last
+    passed; otherwise the pass is full."""
+    from orchestration.window import current_window, full_tests_due
+
+    if wanted is PassKind.FULL or full_tests_due(paths.dbt_target):
+        return PassKind.FULL
+    return current_window(paths, wanted).kind
+
+
+def run_pipeline(
+    data_dir: Path, launched_by: str = BY_HAND, kind: PassKind = PassKind.FULL
+) -> list[StepResult]:
+    """One pass: full (every model, the marts' health checks, compaction when due, the dispatch)
+    or served (the load and the models the read API serves: orchestration/window.py PassKind),
+    then the unfinished regulations carried forward."""
     from orchestration.defs import build_definitions
     from orchestration.defs.dbt import pass_subset
     from orchestration.defs.ingest import PIPELINE
@@ -51,8 +71,9 @@ def run_pipeline(data_dir: Path, launched_by: str = BY_HAND) -> list[StepResult]
         defs = build_definitions(paths.root)
     except Exception as e:  # a broken dbt project fails here, before any run
         return [StepResult("definitions", False, f"{type(e).__name__}: {e}")]
+    kind = pass_kind(paths, kind)
     job = defs.resolve_job_def(PIPELINE)
-    if subset := pass_subset(paths, defs.resolve_asset_graph):
+    if subset := pass_subset(paths, defs.resolve_asset_graph, kind):
         assets, checks = subset
         job = job.get_subset(asset_selection=assets, asset_check_selection=checks)
     started = datetime.now(UTC)
@@ -61,7 +82,7 @@ def run_pipeline(data_dir: Path, launched_by: str = BY_HAND) -> list[StepResult]
     # dbt's own progress lines go to a log file and the console is quiet: the CLI prints one
     # line per step; the UI keeps the full log.
     quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
-    tags = {LAUNCHED_BY: launched_by}
+    tags = {LAUNCHED_BY: launched_by, PASS_KIND_TAG: kind.value}
     with (
         dg.DagsterInstance.from_config(str(paths.dagster_home)) as instance,
         open(log, "a") as out,
@@ -71,16 +92,18 @@ def run_pipeline(data_dir: Path, launched_by: str = BY_HAND) -> list[StepResult]
             instance=instance, raise_on_error=False, run_config=quiet, tags=tags
         )
         steps = with_dbt_tally(summarize(result), read_tally(paths.dbt_target, started))
+        if kind is PassKind.SERVED:
+            steps.insert(0, StepResult("served", True, SERVED_SUMMARY))
         # What the fragmentation sensor does after the daemon's runs, done here after this one
         # (recorded as a run of the compaction job): the next pass reads fewer files.
-        if result.success and needs_compaction(paths):
+        if kind is PassKind.FULL and result.success and needs_compaction(paths):
             compacted = defs.resolve_job_def("compaction").execute_in_process(
                 instance=instance, raise_on_error=False, run_config=quiet, tags=tags
             )
             steps += failed_steps(compacted) or [
                 StepResult("compact", True, compacted.output_for_node("compact_fragmented_tables"))
             ]
-        if result.success:
+        if kind is PassKind.FULL and result.success:
             steps.append(dispatch_step(paths))
     if not launched_by.startswith(BY_A_REGULATION):
         steps += regulations_step(paths)
@@ -195,13 +218,14 @@ def failed_steps(result: dg.ExecuteInProcessResult) -> list[StepResult]:
     return steps
 
 
-def _pass_off_the_main_thread(data_dir: Path) -> list[StepResult]:
+def _pass_off_the_main_thread(data_dir: Path, kind: PassKind) -> list[StepResult]:
     """One pass on a thread of its own. On the main thread Dagster replaces the SIGINT and
     SIGTERM handlers while a run executes, and a signal fails the step as interrupted; on
     another thread it leaves both to the watcher, which lets the pass finish."""
     out: list[list[StepResult]] = []
     worker = threading.Thread(
-        target=lambda: out.append(run_pipeline(data_dir, BY_THE_WATCHER)), name="pipeline-pass"
+        target=lambda: out.append(run_pipeline(data_dir, BY_THE_WATCHER, kind)),
+        name="pipeline-pass",
     )
     worker.start()
     worker.join()
@@ -214,33 +238,52 @@ def watch_pipeline(
     report: Callable[[list[StepResult]], object],
     poll_s: float = 1.0,
     retry_s: float = 30.0,
-    begin: Callable[[], object] = lambda: None,
+    begin: Callable[[PassKind], object] = lambda kind: None,
+    full_every_s: float | None = None,
 ) -> int:
     """Pass after pass in this one process, each as soon as new landing files are there (the
     sensor's rule: a file landed since the last pass began, by `landing_mark`), until stop is
-    set; a pass under way finishes first. Dagster and the project are imported once, before the
-    first files land, not per pass: at 10M messages a pass of a few messages took a median of
-    24.4 s, against 30-32 s for a new process each (bench/freshness.py). Runs are
-    recorded in the Dagster instance, launched by `BY_THE_WATCHER`. A failed pass is
-    retried after retry_s, or sooner when new files land. Holds the watcher lock throughout:
-    while it runs, the daemon's sensors and schedule leave passes to it (raises WatcherRunning
-    if another watcher of the data dir runs; see orchestration/defs/scheduling.py). Between
-    passes, it dispatches when a journey's wait or timeout or a send's retry falls due, so
-    those wake within poll_s, not at the next pass. Returns the number of passes."""
+    set; a pass under way finishes first. A full pass runs full_every_s (default: the
+    `full_pass_every_s` setting) after the last one ended while files land, and once more when
+    they stop landing after served passes; the passes between are served passes
+    (orchestration/window.py PassKind), which take a few seconds where a full pass takes more.
+    Dagster and the project are imported once, before the first files land, not per pass: at
+    10M messages a pass of a few messages took a median of 24.4 s, against 30-32 s for a new
+    process each (bench/freshness.py). Runs are recorded in the Dagster instance, launched by
+    `BY_THE_WATCHER`. A failed pass is retried after retry_s, or sooner when new files land.
+    Holds the watcher lock throughout: while it runs, the daemon's sensors and schedule leave
+    passes to it (raises WatcherRunning if another watcher of the data dir runs; see
+    orchestration/defs/scheduling.py). Between passes, it dispatches when a journey's wait or
+    timeout or a send's retry falls due, so those wake within poll_s, not at the next pass.
+    Returns the number of passes."""
+    from mallard.settings import get_settings
     from orchestration.load import landed_since, landing_mark
     from orchestration.locks import watcher_lock
 
+    every = get_settings().full_pass_every_s if full_every_s is None else full_every_s
     paths = DataPaths(data_dir)
     with watcher_lock(paths):
         warm_up(data_dir)
         cursor, again_at, passes = "", 0.0, 0
+        full_ended: float | None = None  # when the last full pass ended (monotonic)
+        served_since_full = False
         while not stop.is_set():
             mark = landing_mark(paths)
-            if landed_since(mark, cursor) or (again_at and time.monotonic() >= again_at):
+            full_due = full_ended is None or time.monotonic() - full_ended >= every
+            if (
+                landed_since(mark, cursor)
+                or (again_at and time.monotonic() >= again_at)
+                or (served_since_full and full_due)
+            ):
                 cursor = mark
-                begin()
-                steps = _pass_off_the_main_thread(data_dir)
+                kind = pass_kind(paths, PassKind.FULL if full_due else PassKind.SERVED)
+                begin(kind)
+                steps = _pass_off_the_main_thread(data_dir, kind)
                 passes += 1
+                if kind is PassKind.FULL:
+                    full_ended, served_since_full = time.monotonic(), False
+                else:
+                    served_since_full = True
                 report(steps)
                 again_at = 0.0
                 if any(step.again for step in steps):

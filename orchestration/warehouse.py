@@ -67,6 +67,9 @@ create table if not exists lake.state.pass_manifest (
     loaded_through timestamptz,
     opened_at timestamptz not null
 );
+-- What the pass builds (orchestration/window.py PassKind): 'full', every model, or 'served', the
+-- models the read API serves. Null on rows from before the column: full passes.
+alter table lake.state.pass_manifest add column if not exists kind varchar;
 """
 
 

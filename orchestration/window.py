@@ -6,7 +6,9 @@ pure read of the lake) and opens the pass by appending it to the manifest (`open
 runs; dbt's scope models read the newest row (`int_pass_window`, and through it
 `int_pass_messages` and `int_customers_changed`). The freshness mart, built last, records the
 pass it finished (`pass_id`): a failed pass leaves the row of the pass before, so the next pass
-takes the failed pass's messages again; the models are idempotent for messages seen twice.
+takes the failed pass's messages again; the models are idempotent for messages seen twice. A
+served pass (`PassKind`) builds only what the read API serves; the row keeps the last full pass
+too (`full_pass_id`), after which the next full pass starts.
 
 A plain `dbt build` (no orchestrator) repeats the newest pass's window, or takes everything on a
 lake without one: correct either way. The window is data, not `--vars`: dbt re-parses the whole
@@ -19,6 +21,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +33,28 @@ from orchestration.context import DBT_DIR
 from orchestration.warehouse import lake_connection
 
 
+class PassKind(StrEnum):
+    """What a pass builds. A full pass builds every model, runs the tests every pass runs and
+    the marts' health checks, and the dispatch follows it; a served pass builds only the models
+    the read API serves (`SERVED_SELECT`), with no tests, so a new message is served within
+    seconds while commands, journeys, audiences and duplicates wait for the next full pass."""
+
+    FULL = "full"
+    SERVED = "served"
+
+
+# dbt's selection of a served pass: the marts the read API answers from (tag `served`), what they
+# are built from, and the freshness mart that records the pass (its own upstream is every mart).
+SERVED_SELECT = "+tag:served freshness"
+# The Dagster run tag that says which kind a pass is (the UI shows it on the run).
+PASS_KIND_TAG = "mallard/pass"
+
+
 @dataclass(frozen=True)
 class Window:
     loaded_after: datetime | None  # None: no finished pass yet, take everything
     loaded_through: datetime | None  # None: nothing loaded yet
+    kind: PassKind = PassKind.FULL
 
     def dbt_args(self) -> list[str]:
         """With no finished pass to continue from, every model is built whole (--full-refresh):
@@ -55,26 +76,49 @@ def models_epoch() -> int:
     return int(project["vars"]["mallard__models_epoch"])
 
 
-# The window end of the pass the freshness mart last recorded, if that pass left state of this
-# version of the models.
+# The window end of a pass the freshness mart recorded, if that pass left state of this version
+# of the models: `pass_id`, the last pass that finished (either kind), or `full_pass_id`, the last
+# full one (the same pass after a full pass; a served pass carries it over).
 _FINISHED_THROUGH = """
     select manifest.loaded_through
     from lake.marts.freshness as freshness
-    join lake.state.pass_manifest as manifest on manifest.pass_id = freshness.pass_id
+    join lake.state.pass_manifest as manifest on manifest.pass_id = freshness.{column}
     where manifest.models_epoch = ?
 """
 
 
-def current_window(paths: DataPaths) -> Window:
-    """A pass continues after the last finished one only if that pass left state of this
-    version of the models; otherwise (first pass, or after an upgrade) it builds whole."""
+def _finished_through(conn: duckdb.DuckDBPyConnection, kind: PassKind) -> Any:
+    """A served pass continues after the last pass of either kind: the served models took every
+    message before it. A full pass continues after the last full one, so the models a served
+    pass left out take the served passes' messages too (every model is idempotent for a
+    message seen again)."""
+    if kind is PassKind.FULL:
+        try:
+            row = conn.execute(
+                _FINISHED_THROUGH.format(column="full_pass_id"), [models_epoch()]
+            ).fetchone()
+            return row[0] if row else None
+        except duckdb.CatalogException:  # no freshness mart yet
+            return None
+        except duckdb.BinderException:  # a freshness row from before served passes: all full
+            pass
+    return _scalar(conn, _FINISHED_THROUGH.format(column="pass_id"), [models_epoch()])
+
+
+def current_window(paths: DataPaths, kind: PassKind = PassKind.FULL) -> Window:
+    """A pass continues after the last finished one (of its kind: `_finished_through`) only if
+    that pass left state of this version of the models; otherwise (first pass, or after an
+    upgrade) it builds whole, and is full whatever was asked."""
     conn = lake_connection(paths)
     try:
-        after = _scalar(conn, _FINISHED_THROUGH, [models_epoch()])
+        after = _finished_through(conn, kind)
+        if after is None:
+            kind = PassKind.FULL
+            after = _finished_through(conn, kind)
         through = _scalar(conn, "select max(loaded_at) from lake.raw.messages", [])
     finally:
         conn.close()
-    return Window(after, through)
+    return Window(after, through, kind)
 
 
 def open_pass(paths: DataPaths, window: Window) -> int:
@@ -86,8 +130,10 @@ def open_pass(paths: DataPaths, window: Window) -> int:
         row = conn.execute("select coalesce(max(pass_id), 0) + 1 from lake.state.pass_manifest")
         pass_id = int(row.fetchone()[0])  # type: ignore[index]
         conn.execute(
-            "insert into lake.state.pass_manifest values (?, ?, ?, ?, now())",
-            [pass_id, models_epoch(), window.loaded_after, window.loaded_through],
+            "insert into lake.state.pass_manifest"
+            " (pass_id, models_epoch, loaded_after, loaded_through, opened_at, kind)"
+            " values (?, ?, ?, ?, now(), ?)",
+            [pass_id, models_epoch(), window.loaded_after, window.loaded_through, window.kind],
         )
         conn.execute("commit")
     except BaseException:

@@ -33,6 +33,9 @@ from orchestration.environment import dbt_env, dbt_environment
 from orchestration.resources import LakeResource
 from orchestration.window import (
     LIGHT_TESTS,
+    PASS_KIND_TAG,
+    SERVED_SELECT,
+    PassKind,
     current_window,
     dbt_build_args,
     full_tests_due,
@@ -122,20 +125,27 @@ class DbtResource(DbtCliResource):
 
 
 def pass_subset(
-    paths: DataPaths, graph: Callable[[], "AssetGraph"]
+    paths: DataPaths, graph: Callable[[], "AssetGraph"], kind: PassKind = PassKind.FULL
 ) -> tuple[AbstractSet[dg.AssetKey], AbstractSet[dg.AssetCheckKey]] | None:
     """What the next pass selects of the pipeline job, whoever launches it. None, all of it, when
-    every test is due (after the dbt project changed, and on a data dir's first pass); else every
-    asset, the marts' health checks and the checks of the tests every pass runs (LIGHT_TESTS
-    excluded, as dbt_build_args excludes them): a run that selects a check dbt does not run
-    ends with the check's output not yielded ("did not yield expected outputs") and the check
-    skipped."""
+    every test is due (after the dbt project changed, and on a data dir's first pass); else, for
+    a full pass, every asset, the marts' health checks and the checks of the tests every pass
+    runs (LIGHT_TESTS excluded, as dbt_build_args excludes them): a run that selects a check dbt
+    does not run ends with the check's output not yielded ("did not yield expected outputs") and
+    the check skipped. A served pass selects the load and the models of SERVED_SELECT, no
+    check."""
     if full_tests_due(paths.dbt_target):
         return None
     assets = graph()
     (dbt_models,) = [
         a for a in assets.assets_defs if a.is_executable and a.node_def.name == DBT_MODELS
     ]
+    if kind is PassKind.SERVED:
+        from orchestration.defs.ingest import RAW_MESSAGES  # it imports this module
+
+        served = build_dbt_asset_selection([dbt_models], dbt_select=SERVED_SELECT)
+        load = dg.AssetSelection.assets(RAW_MESSAGES)
+        return (served | load).resolve(assets), set()
     checks = build_dbt_asset_selection([dbt_models], dbt_exclude=LIGHT_TESTS)
     return assets.materializable_asset_keys, checks.resolve_checks(assets) | MART_CHECK_KEYS
 
@@ -158,9 +168,12 @@ def build_dbt_assets(paths: DataPaths) -> tuple[dg.AssetsDefinition, DbtCliResou
         yield_cpu_to_readers()
         # One writer of the models at a time: two would conflict on commit.
         with lake.build_lock(), dbt_environment(paths):
-            window = current_window(paths)
+            kind = PassKind(context.run.tags.get(PASS_KIND_TAG, PassKind.FULL))
+            window = current_window(paths, kind)
+            if window.kind is not kind:  # the launcher checks first (orchestration/pipeline.py)
+                raise dg.Failure("a served pass needs a finished full pass to continue after")
             # The run's selection says which tests it runs: every one unless it is a subset
-            # (pass_subset: the tests every pass runs).
+            # (pass_subset: the tests every pass runs, or none in a served pass).
             full_tests = not context.is_subset
             pass_id = open_pass(paths, window)  # the models' scope: the manifest's newest row
             context.log.info(f"pass {pass_id}: {window}; every test: {full_tests}")

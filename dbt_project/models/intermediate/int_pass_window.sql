@@ -16,7 +16,8 @@ final as (
     select
         max(pass_id) as pass_id,
         arg_max_null(loaded_after, pass_id) as loaded_after,
-        arg_max_null(loaded_through, pass_id) as loaded_through
+        arg_max_null(loaded_through, pass_id) as loaded_through,
+        arg_max_null(kind, pass_id) as kind
     from manifest
 )
 

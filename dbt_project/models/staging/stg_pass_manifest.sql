@@ -9,7 +9,9 @@ final as (
         models_epoch,
         loaded_after,
         loaded_through,
-        opened_at
+        opened_at,
+        -- 'full' or 'served' (orchestration/window.py PassKind); rows from before: full passes.
+        coalesce(kind, 'full') as kind
     from manifest
 )
 

@@ -98,7 +98,7 @@ def test_failed_checks_show_in_the_instance(tmp_path: Path) -> None:
         reports.append(steps)
         threading.Timer(3.0, stop.set).start()
 
-    watch_pipeline(paths.root, stop, report, poll_s=0.05, retry_s=0.05)
+    watch_pipeline(paths.root, stop, report, poll_s=0.05, retry_s=0.05, full_every_s=0)
     assert len(reports) == 1, reports
     step = health(reports[0])
     assert not step.ok, steps
