@@ -201,12 +201,12 @@ def regulated_users(data_dir: Path) -> tuple[list[tuple[str, str]], str]:
     """(account_id, userId hash) of every suppressed user and every deleted one (tombstones), and
     the key of the hashes."""
     from mallard.paths import DataPaths
-    from mallard.regulations import SUPPRESS, USER, RegulationStore, hash_key
+    from mallard.regulations import SUPPRESS, USER, existing_store, hash_key
 
     paths = DataPaths(data_dir)
-    if not paths.regulations_db.exists():
+    store = existing_store(paths)
+    if store is None:
         return [], hash_key(paths)
-    store = RegulationStore(paths)
     try:
         rows = {
             (account, h)

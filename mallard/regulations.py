@@ -587,6 +587,16 @@ class RegulationStore:
             self._local.conn = None
 
 
+def existing_store(paths: DataPaths) -> RegulationStore | None:
+    """The regulations store, or None when none was ever made (no regulation filed: nothing to
+    exclude). A store missing though lists were written raises ListsUnavailable, as
+    RegulationStore does: the pipeline must not take a lost store for an empty one and load,
+    plan for or count suppressed and deleted users again."""
+    if paths.regulations_db.exists() or Generation(paths.regulations_generation).read() > 1:
+        return RegulationStore(paths)
+    return None
+
+
 @dataclass
 class _Lists:
     generation: int

@@ -17,7 +17,7 @@ import pyarrow as pa
 from mallard import landing
 from mallard.distributed import storage
 from mallard.paths import DataPaths
-from mallard.regulations import RegulationStore, identifier_hash_sql
+from mallard.regulations import existing_store, identifier_hash_sql
 from orchestration.locks import load_lock
 from orchestration.warehouse import lake_connection, retry_if_locked
 
@@ -85,9 +85,9 @@ _BURIED = f"""
 def _tombstones(conn: duckdb.DuckDBPyConnection, paths: DataPaths) -> dict[str, str]:
     """The tombstones of deleted subjects as the temp table `mallard_tombstones`; the key its
     hashes take (as a query parameter), or nothing when there are none."""
-    if not paths.regulations_db.exists():
+    store = existing_store(paths)
+    if store is None:
         return {}
-    store = RegulationStore(paths)
     try:
         rows = store.tombstones()
     finally:

@@ -114,11 +114,14 @@ def regulations_step(paths: DataPaths) -> list[StepResult]:
     """Carry unfinished regulations forward: start the run of each pending or running one whose
     run is not live (one a killed server or run left behind)."""
     from mallard.regulation_runs import RegulationRuns
-    from mallard.regulations import RegulationStore
+    from mallard.regulations import ListsUnavailable, existing_store
 
-    if not paths.regulations_db.exists():
+    try:
+        store = existing_store(paths)
+    except ListsUnavailable as e:
+        return [StepResult("regulations", False, str(e))]
+    if store is None:
         return []
-    store = RegulationStore(paths)
     try:
         started = RegulationRuns(paths).resume(store)
     finally:

@@ -334,14 +334,13 @@ class Regulated:
     """Who a regulation took out: suppressed users and deleted ones (tombstones)."""
 
     def __init__(self, paths: DataPaths) -> None:
-        from mallard.regulations import SUPPRESS, USER, RegulationStore
+        from mallard.regulations import SUPPRESS, USER, existing_store
 
-        if not paths.regulations_db.exists():
-            self.store = None
+        self.store = existing_store(paths)
+        if self.store is None:
             self._suppress: dict[str, frozenset[str]] = {}
             self._deleted: set[tuple[str, str]] = set()
             return
-        self.store = RegulationStore(paths)
         self._suppress = {a: d.get(SUPPRESS, frozenset()) for a, d in self.store.lists().items()}
         self._deleted = {(a, h) for a, kind, h, _ in self.store.tombstones() if kind == USER}
         # Accounts with anyone to exclude: others need no hash (a move asks for every instance).

@@ -8,16 +8,19 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from mallard.audiences import regulated_users
 from mallard.paths import DataPaths
 from mallard.regulations import (
     AdmissionLists,
     ListsUnavailable,
     RegulationError,
     RegulationStore,
+    existing_store,
     identifier_hash,
     identifier_hash_sql,
     validate,
 )
+from orchestration.pipeline import regulations_step
 
 
 @pytest.fixture
@@ -78,6 +81,22 @@ def test_a_lost_store_fails_closed(paths: DataPaths) -> None:
         f.unlink()
     with pytest.raises(ListsUnavailable):
         AdmissionLists(paths, retry_s=0.1).current()
+    # The pipeline's readers (the load's tombstones, the dispatch's regulated users, the
+    # audiences' exclusions) open it the same way: lost is an error, never "no regulations".
+    with pytest.raises(ListsUnavailable, match="restore it"):
+        existing_store(paths)
+    with pytest.raises(ListsUnavailable):
+        regulated_users(paths.root)
+    assert [s.ok for s in regulations_step(paths)] == [False]
+
+
+def test_no_store_before_the_first_filing_is_no_regulations(paths: DataPaths) -> None:
+    assert existing_store(paths) is None
+    assert regulated_users(paths.root)[0] == []
+    assert regulations_step(paths) == []
+    RegulationStore(paths).file("c", "a", "A", "SUPPRESS", ["u1"])
+    store = existing_store(paths)
+    assert store is not None and store.lists()["a"]["suppress"] == {store.hash("a", "u1")}
 
 
 def test_forget_leaves_only_hashes_in_the_file(paths: DataPaths) -> None:
