@@ -102,10 +102,12 @@ def _stop(proc: subprocess.Popen[str], sig: int, paths: DataPaths, log: Callable
         assert not Path(f"/proc/{pid}").exists(), f"{name} (pid {pid}) still runs"
     assert not [n for n in CHILDREN if (paths.run_dir / f"{n}.pid").exists()], log()
     assert watcher_pid(paths) is None
+    # Its last lines reach `lines` through the reader thread, which may still be draining the
+    # pipe when wait() returns.
+    _wait("its last line", lambda: "Mallard stopped." in log(), 30, log)
     out = log()
     why = "SIGTERM" if sig == signal.SIGTERM else "Ctrl-C"
     assert f"{why}: stopping {', '.join(CHILDREN)}" in out, out
-    assert "Mallard stopped." in out, out
     return out
 
 
