@@ -24,8 +24,12 @@ from orchestration.resources import LakeResource
 from tests.unit.orchestration.test_load import write_landing
 
 
-def _watch_two_passes(paths: DataPaths) -> list[list[StepResult]]:
-    """Two passes of the watcher: the first lands files, the second the files landed after it."""
+def watch_passes(
+    paths: DataPaths, passes: int = 2, full_every_s: float = 0
+) -> list[list[StepResult]]:
+    """The watcher's first `passes` passes: the first takes the files landed before it starts,
+    the second the files landed after the first (nothing lands after that). full_every_s 0:
+    every pass full."""
     reports: list[list[StepResult]] = []
     stop = threading.Event()
 
@@ -33,17 +37,17 @@ def _watch_two_passes(paths: DataPaths) -> list[list[StepResult]]:
         reports.append(steps)
         if len(reports) == 1:
             write_landing(paths, events=40, seed=2, files=1)
-        else:
+        if len(reports) == passes:
             stop.set()
 
     write_landing(paths, events=120, seed=1)
-    watch_pipeline(paths.root, stop, report, poll_s=0.05, full_every_s=0)  # full passes only
+    watch_pipeline(paths.root, stop, report, poll_s=0.05, full_every_s=full_every_s)
     return reports
 
 
 def test_passes_in_the_dagster_ui(tmp_path: Path) -> None:
     paths = DataPaths(tmp_path)
-    reports = _watch_two_passes(paths)
+    reports = watch_passes(paths)
     assert len(reports) == 2
     by_hand = run_pipeline(paths.root)
     for steps in [*reports, by_hand]:

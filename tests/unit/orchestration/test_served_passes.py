@@ -6,7 +6,6 @@ keep landing, and a full pass again once they stop."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +13,11 @@ import dagster as dg
 
 from mallard.paths import DataPaths
 from orchestration.defs.ingest import PIPELINE
-from orchestration.pipeline import StepResult, run_pipeline, watch_pipeline
+from orchestration.pipeline import StepResult, run_pipeline
 from orchestration.window import PASS_KIND_TAG, PassKind
 from tests.reliability.test_crashes import copy_data_dir, lake_rows, marts_state
 from tests.unit.orchestration.test_load import write_landing
+from tests.unit.orchestration.test_pass_in_dagster import watch_passes
 
 SERVED_MARTS = ["marts.events", "marts.customer_profiles", "marts.customer_identifiers"]
 
@@ -72,19 +72,8 @@ def test_a_served_pass_serves_and_the_next_full_pass_completes(tmp_path: Path) -
 
 def test_the_watcher_serves_between_full_passes(tmp_path: Path) -> None:
     paths = DataPaths(tmp_path)
-    reports: list[list[StepResult]] = []
-    stop = threading.Event()
-
-    def report(steps: list[StepResult]) -> None:
-        reports.append(steps)
-        if len(reports) == 1:
-            write_landing(paths, events=40, seed=2, files=1)
-        elif len(reports) == 3:
-            stop.set()
-        # After the second (served) pass nothing lands: the full pass comes once it is due.
-
-    write_landing(paths, events=120, seed=1)
-    watch_pipeline(paths.root, stop, report, poll_s=0.05, full_every_s=2.0)
+    # After the second (served) pass nothing lands: the full pass comes once it is due.
+    reports = watch_passes(paths, passes=3, full_every_s=2.0)
     assert [_ok(steps)[0].name == "served" for steps in reports] == [False, True, False]
     with dg.DagsterInstance.from_config(str(paths.dagster_home)) as instance:
         runs = list(reversed(instance.get_runs(dg.RunsFilter(job_name=PIPELINE))))
