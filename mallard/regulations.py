@@ -22,13 +22,9 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import fcntl
 import hashlib
 import json
-import mmap
-import os
 import sqlite3
-import struct
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -36,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mallard.generation import Generation
 from mallard.ids import new_id
 from mallard.paths import DataPaths
 from mallard.secret import derived_key
@@ -220,45 +217,6 @@ def validate(body: Any) -> tuple[str, list[str]]:
                 f"each userId must be a non-empty string of at most {MAX_ID_CHARS} characters",
             )
     return kind, list(dict.fromkeys(ids))
-
-
-class Generation:
-    """The 8-byte counter file every change of the lists increments (mapped by readers)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._map: mmap.mmap | None = None
-
-    def _ensure(self) -> None:
-        if not self.path.exists():
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                if os.fstat(fd).st_size < 8:
-                    os.pwrite(fd, struct.pack("<Q", 1), 0)
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-
-    def read(self) -> int:
-        if self._map is None:
-            self._ensure()
-            with open(self.path, "rb") as f:
-                self._map = mmap.mmap(f.fileno(), 8, access=mmap.ACCESS_READ)
-        return int(struct.unpack_from("<Q", self._map, 0)[0])
-
-    def bump(self) -> int:
-        self._ensure()
-        fd = os.open(self.path, os.O_RDWR)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            value = struct.unpack("<Q", os.pread(fd, 8, 0))[0] + 1
-            os.pwrite(fd, struct.pack("<Q", value), 0)
-            os.fsync(fd)
-            return int(value)
-        finally:
-            os.close(fd)
 
 
 def _connect(path: Path) -> sqlite3.Connection:

@@ -88,8 +88,9 @@ def test_changes_by_another_connection_apply_at_once(store: ControlStore) -> Non
 
 
 def _idle(store: ControlStore, seconds: float = 10.0) -> None:
-    """The control database's files as after `seconds` without a write (their mtimes moved back),
-    so the request path trusts their stat signature instead of asking SQLite."""
+    """The control database's files as after `seconds` without a write (their mtimes moved back):
+    the request path no longer looks at them (it reads the mapped generation counter), so an
+    idle spell must change nothing."""
     for p in (store.path, store.path.with_name(store.path.name + "-wal")):
         if p.exists():
             st = os.stat(p)
@@ -97,9 +98,9 @@ def _idle(store: ControlStore, seconds: float = 10.0) -> None:
 
 
 def test_revocations_after_an_idle_spell_apply_at_once(store: ControlStore) -> None:
-    """The cached path: with the files idle past the mtime granularity the store answers from
-    its snapshot without SQLite; another process's revocation changes the files' stat signature,
-    and a lookup seconds later (the files idle again) sees it."""
+    """The cached path: the store answers from its snapshot without SQLite; another process's
+    revocation moves the control store's generation counter, and a lookup after the files look
+    idle again sees it."""
     other = ControlStore(store.path)  # stands in for the CLI in another process
     token, secret = other.create_token(Scope.parse("client:acme"))
     key = other.create_write_key("acme", "shop", "SHOP")
@@ -108,7 +109,7 @@ def test_revocations_after_an_idle_spell_apply_at_once(store: ControlStore) -> N
     assert store.resolve_write_key(key) is not None
     cached = store._local.snapshot
     assert store.authenticate(secret) is not None
-    assert store._local.snapshot is cached  # answered from the stat signature alone
+    assert store._local.snapshot is cached  # answered from the snapshot alone
 
     # Revoked while the server idles; its next request comes seconds later.
     other.revoke_token(token.token_id)

@@ -1,8 +1,10 @@
 """A revocation by another process is seen by a control store idle for more than 2 s.
 
-The request path's lookups are cached and trusted while the database's files keep their
-signature and are older than 2 s (ControlStore._snapshot); the files are made to look idle here
-instead of sleeping. tests/reliability/test_isolation.py checks the same on a running server.
+The request path's lookups are cached and trusted while the control store's generation counter
+is unchanged (ControlStore._snapshot; before, while the database's files kept their stat
+signature and were older than 2 s); the files are made to look idle here instead of sleeping.
+tests/reliability/test_isolation.py and tests/integration/test_revocation.py check revocation on
+a running server.
 """
 
 from __future__ import annotations
