@@ -85,7 +85,8 @@ def test_group_commit_acknowledges_after_write(tmp_path: Path) -> None:
         f.result(timeout=10)
     assert wal.records_written == 200
     assert wal.fsyncs < 200  # concurrent appends shared fsyncs
-    (seg,) = list_segments(tmp_path / "wal")
+    # The other segment is the spare the sealer opened ahead: empty.
+    (seg,) = [s for s in list_segments(tmp_path / "wal") if s.stat().st_size]
     assert len(list(read_records(seg))) == 200
     wal.close()
     assert sealed and sealed[0].suffix == ".sealed"
@@ -115,14 +116,70 @@ def test_write_failure_refuses_new_appends(tmp_path: Path) -> None:
     wal = WriteAheadLog(tmp_path / "wal", roll_interval_s=60, roll_max_bytes=1 << 30)
     wal.start(1)
     wal.append([stored(1)]).result(timeout=5)
-    os.close(wal._fd)  # the log's file fails under it, as a full or broken disk would
+    # The log's file fails under it, as a full or broken disk would. (Closing the descriptor
+    # let the sealer's next spare segment take its number and the write succeed.)
+    broken = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(broken, wal._fd)
+    os.close(broken)
     with pytest.raises(WalUnavailable):
         wal.append([stored(2)]).result(timeout=5)
     assert not wal.healthy
     with pytest.raises(WalUnavailable):
         wal.append([stored(3)]).result(timeout=5)
+    os.close(wal._fd)
     wal._fd = -1
     wal.close()
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return None
+
+
+def test_rolls_leave_the_writer_thread_and_acks_stay_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A roll costs the acknowledging thread no directory fsync: the sealer opens the next
+    segment ahead and seals the last. Every ack still follows the directory fsync that made its
+    segment's name durable, segments are sealed in order with every record once, and closing
+    leaves no spare behind."""
+    from collector import wal as wal_module
+
+    wal_dir = tmp_path / "wal"
+    synced: set[str] = set()  # segment names made durable in the directory so far
+    threads: list[str] = []
+    real_fsync_dir = wal_module.fsync_dir
+
+    def fsync_dir(path: Path) -> None:
+        names = {p.name for p in path.iterdir()}
+        real_fsync_dir(path)
+        synced.update(names)
+        threads.append(threading.current_thread().name)
+
+    monkeypatch.setattr(wal_module, "fsync_dir", fsync_dir)
+    sealed: list[Path] = []
+    wal = WriteAheadLog(
+        wal_dir, roll_interval_s=0.03, roll_max_bytes=1 << 30, on_seal=sealed.append
+    )
+    wal.start(1)
+    n, deadline = 0, time.monotonic() + 0.6
+    while time.monotonic() < deadline or len(sealed) < 3:
+        wal.append([stored(n)]).result(timeout=5)
+        n += 1
+        # What holds the acknowledged record is in the directory for good (a segment renamed
+        # meanwhile held records too; only a spare being opened may be new and empty).
+        written = {p.name for p in wal_dir.iterdir() if p.suffix == ".wal" and _size(p) != 0}
+        assert written <= synced, (written, synced)
+    wal.close()
+
+    assert len(sealed) >= 3
+    assert "wal-writer" not in threads
+    assert [p.name for p in sealed] == sorted(p.name for p in sealed)
+    users = [msgspec.json.decode(r)["userId"] for p in sealed for r in read_records(p)]
+    assert users == [f"u{i}" for i in range(n)]
+    assert sorted(wal_dir.iterdir()) == sorted(sealed)  # the spare is gone
 
 
 def test_roll_is_idempotent_across_a_crash(tmp_path: Path) -> None:
