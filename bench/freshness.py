@@ -14,8 +14,8 @@ answer 200. Bounded: probes for a fixed time, then a bounded wait for the last o
 unseen are reported). Meanwhile a steady background load of batches of 100 tracks (1,000
 messages/s unless --load-rate says otherwise) goes through the same collector, so each pass takes
 thousands of messages, as in a deployment with traffic. The watcher runs a full pass at least
-every MALLARD_FULL_PASS_EVERY_S (30 s) and served passes between them; the report gives the
-median of each kind.
+every MALLARD_FULL_PASS_EVERY_S (30 s), as a served pass and a rest pass once served passes ran,
+and served passes between them; the report gives the median of each kind.
 """
 
 from __future__ import annotations
@@ -333,9 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     cycle = summarize([s for s, _ in runs]) if runs else {"p50": 0.0}
     by_kind = {
         kind: summarize(secs) if (secs := [s for s, _, k in kinded if k == kind]) else None
-        for kind in ("full", "served")
+        for kind in ("full", "served", "rest")
     }
-    count = {kind: sum(1 for *_, k in kinded if k == kind) for kind in ("full", "served")}
+    count = {kind: sum(1 for *_, k in kinded if k == kind) for kind in ("full", "served", "rest")}
     print(
         f"{len(probes)} probes, {unseen} not visible in time; accepted -> visible "
         f"p50 {lat['p50']:.1f} s  p95 {lat['p95']:.1f} s  max {lat['max']:.1f} s; "

@@ -153,7 +153,7 @@ def cmd_pipeline_run(args: argparse.Namespace) -> int:
             stop,
             report,
             poll_s=args.poll,
-            begin=lambda kind: print(f"{PASS_BEGINS[kind]}: new landing files", flush=True),
+            begin=lambda kind: print(PASS_BEGINS[kind], flush=True),
         )
     except WatcherRunning as e:
         print(f"error: {e}", file=sys.stderr)

@@ -41,14 +41,22 @@ BY_THE_WATCHER = "mallard pipeline run --watch"
 # A regulation's own passes (orchestration/regulations/job.py) are launched by "regulation <id>".
 BY_A_REGULATION = "regulation "
 # The watcher's line as a pass begins, by kind.
-PASS_BEGINS = {PassKind.FULL: "pass", PassKind.SERVED: "served pass"}
-SERVED_SUMMARY = "the marts the read API serves, no tests; the rest at the next full pass"
+PASS_BEGINS = {
+    PassKind.FULL: "pass: new landing files",
+    PassKind.SERVED: "served pass: new landing files",
+    PassKind.REST: "rest pass: the full pass is due",
+}
+# The first line of a pass that is not full, which says what it leaves out.
+KIND_SUMMARY = {
+    PassKind.SERVED: "the marts the read API serves, no tests; the rest at the next full pass",
+    PassKind.REST: "the models served passes leave out, since the last full pass; no load",
+}
 
 
 def pass_kind(paths: DataPaths, wanted: PassKind) -> PassKind:
-    """The kind of pass that can run now: a served pass continues after a finished pass and
-    leaves the tests out, so it needs one and no change to the dbt project since every test last
-    passed; otherwise the pass is full."""
+    """The kind of pass that can run now: a served or rest pass continues after a finished pass
+    and leaves tests out, so it needs one (a rest pass: one that took every loaded message) and
+    no change to the dbt project since every test last passed; otherwise the pass is full."""
     from orchestration.window import current_window, full_tests_due
 
     if wanted is PassKind.FULL or full_tests_due(paths.dbt_target):
@@ -59,9 +67,10 @@ def pass_kind(paths: DataPaths, wanted: PassKind) -> PassKind:
 def run_pipeline(
     data_dir: Path, launched_by: str = BY_HAND, kind: PassKind = PassKind.FULL
 ) -> list[StepResult]:
-    """One pass: full (every model, the marts' health checks, compaction when due, the dispatch)
-    or served (the load and the models the read API serves: orchestration/window.py PassKind),
-    then the unfinished regulations carried forward."""
+    """One pass: full (every model, the marts' health checks, compaction when due, the dispatch),
+    served (the load and the models the read API serves) or rest (what a full pass does but the
+    load and the served models: orchestration/window.py PassKind), then the unfinished
+    regulations carried forward."""
     from orchestration.defs import build_definitions
     from orchestration.defs.dbt import pass_subset
     from orchestration.defs.ingest import PIPELINE
@@ -92,18 +101,18 @@ def run_pipeline(
             instance=instance, raise_on_error=False, run_config=quiet, tags=tags
         )
         steps = with_dbt_tally(summarize(result), read_tally(paths.dbt_target, started))
-        if kind is PassKind.SERVED:
-            steps.insert(0, StepResult("served", True, SERVED_SUMMARY))
+        if kind in KIND_SUMMARY:
+            steps.insert(0, StepResult(kind.value, True, KIND_SUMMARY[kind]))
         # What the fragmentation sensor does after the daemon's runs, done here after this one
         # (recorded as a run of the compaction job): the next pass reads fewer files.
-        if kind is PassKind.FULL and result.success and needs_compaction(paths):
+        if kind.completes and result.success and needs_compaction(paths):
             compacted = defs.resolve_job_def("compaction").execute_in_process(
                 instance=instance, raise_on_error=False, run_config=quiet, tags=tags
             )
             steps += failed_steps(compacted) or [
                 StepResult("compact", True, compacted.output_for_node("compact_fragmented_tables"))
             ]
-        if kind is PassKind.FULL and result.success:
+        if kind.completes and result.success:
             steps.append(dispatch_step(paths))
     if not launched_by.startswith(BY_A_REGULATION):
         steps += regulations_step(paths)
@@ -250,6 +259,8 @@ def watch_pipeline(
     `full_pass_every_s` setting) after the last one ended while files land, and once more when
     they stop landing after served passes; the passes between are served passes
     (orchestration/window.py PassKind), which take a few seconds where a full pass takes more.
+    A full pass after served passes is a served pass for the files landed since the last one,
+    then a rest pass: the served marts are not held up by the models only a full pass builds.
     Dagster and the project are imported once, before the first files land, not per pass: at
     10M messages a pass of a few messages took a median of 24.4 s, against 30-32 s for a new
     process each (bench/freshness.py). Runs are recorded in the Dagster instance, launched by
@@ -273,21 +284,30 @@ def watch_pipeline(
         while not stop.is_set():
             mark = landing_mark(paths)
             full_due = full_ended is None or time.monotonic() - full_ended >= every
+            landed = landed_since(mark, cursor)
             if (
-                landed_since(mark, cursor)
+                landed
                 or (again_at and time.monotonic() >= again_at)
                 or (served_since_full and full_due)
             ):
                 cursor = mark
-                kind = pass_kind(paths, PassKind.FULL if full_due else PassKind.SERVED)
-                begin(kind)
-                steps = _pass_off_the_main_thread(data_dir, kind)
-                passes += 1
-                if kind is PassKind.FULL:
-                    full_ended, served_since_full = time.monotonic(), False
-                else:
-                    served_since_full = True
-                report(steps)
+                wanted = [PassKind.FULL if full_due else PassKind.SERVED]
+                if full_due and served_since_full:
+                    # The full pass after served passes: new files reach the served marts first,
+                    # then a rest pass builds the rest without holding them up.
+                    wanted = [PassKind.SERVED, PassKind.REST] if landed else [PassKind.REST]
+                for want in wanted:
+                    kind = pass_kind(paths, want)
+                    begin(kind)
+                    steps = _pass_off_the_main_thread(data_dir, kind)
+                    passes += 1
+                    if kind.completes:
+                        full_ended, served_since_full = time.monotonic(), False
+                    else:
+                        served_since_full = True
+                    report(steps)
+                    if not all(step.ok for step in steps):
+                        break
                 again_at = 0.0
                 if any(step.again for step in steps):
                     again_at = time.monotonic()

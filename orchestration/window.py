@@ -37,15 +37,29 @@ class PassKind(StrEnum):
     """What a pass builds. A full pass builds every model, runs the tests every pass runs and
     the marts' health checks, and the dispatch follows it; a served pass builds only the models
     the read API serves (`SERVED_SELECT`), with no tests, so a new message is served within
-    seconds while commands, journeys, audiences and duplicates wait for the next full pass."""
+    seconds while commands, journeys, audiences and duplicates wait for the next full pass.
+    A rest pass is a full pass that follows a served pass which took every loaded message: it
+    loads nothing and leaves the served models as the served passes built them, and builds the
+    rest (`REST_SELECT`) over every message since the last full pass, with everything a full
+    pass runs after its models; the read API's marts are not held up for that part."""
 
     FULL = "full"
     SERVED = "served"
+    REST = "rest"
+
+    @property
+    def completes(self) -> bool:
+        """Whether the pass leaves every model current (the next full pass starts after it)."""
+        return self is not PassKind.SERVED
 
 
 # dbt's selection of a served pass: the marts the read API answers from (tag `served`), what they
 # are built from, and the freshness mart that records the pass (its own upstream is every mart).
 SERVED_SELECT = "+tag:served freshness"
+# A rest pass builds every model but those of a served pass, and again the scope models tagged
+# `pass_scope` (the customers a window changes), which the rest reads for its longer window.
+REST_EXCLUDE = "+tag:served"
+REST_SCOPE = "tag:pass_scope"
 # The Dagster run tag that says which kind a pass is (the UI shows it on the run).
 PASS_KIND_TAG = "mallard/pass"
 
@@ -89,10 +103,10 @@ _FINISHED_THROUGH = """
 
 def _finished_through(conn: duckdb.DuckDBPyConnection, kind: PassKind) -> Any:
     """A served pass continues after the last pass of either kind: the served models took every
-    message before it. A full pass continues after the last full one, so the models a served
-    pass left out take the served passes' messages too (every model is idempotent for a
-    message seen again)."""
-    if kind is PassKind.FULL:
+    message before it. A full or rest pass continues after the last full (or rest) one, so the
+    models a served pass left out take the served passes' messages too (every model is
+    idempotent for a message seen again)."""
+    if kind.completes:
         try:
             row = conn.execute(
                 _FINISHED_THROUGH.format(column="full_pass_id"), [models_epoch()]
@@ -108,7 +122,9 @@ def _finished_through(conn: duckdb.DuckDBPyConnection, kind: PassKind) -> Any:
 def current_window(paths: DataPaths, kind: PassKind = PassKind.FULL) -> Window:
     """A pass continues after the last finished one (of its kind: `_finished_through`) only if
     that pass left state of this version of the models; otherwise (first pass, or after an
-    upgrade) it builds whole, and is full whatever was asked."""
+    upgrade) it builds whole, and is full whatever was asked. A rest pass is full unless the
+    last pass finished with every loaded message (a pass that loaded and then failed left
+    messages the served models have not taken)."""
     conn = lake_connection(paths)
     try:
         after = _finished_through(conn, kind)
@@ -116,6 +132,8 @@ def current_window(paths: DataPaths, kind: PassKind = PassKind.FULL) -> Window:
             kind = PassKind.FULL
             after = _finished_through(conn, kind)
         through = _scalar(conn, "select max(loaded_at) from lake.raw.messages", [])
+        if kind is PassKind.REST and _finished_through(conn, PassKind.SERVED) != through:
+            kind = PassKind.FULL
     finally:
         conn.close()
     return Window(after, through, kind)

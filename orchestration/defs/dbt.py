@@ -34,6 +34,8 @@ from orchestration.resources import LakeResource
 from orchestration.window import (
     LIGHT_TESTS,
     PASS_KIND_TAG,
+    REST_EXCLUDE,
+    REST_SCOPE,
     SERVED_SELECT,
     PassKind,
     current_window,
@@ -133,7 +135,10 @@ def pass_subset(
     runs (LIGHT_TESTS excluded, as dbt_build_args excludes them): a run that selects a check dbt
     does not run ends with the check's output not yielded ("did not yield expected outputs") and
     the check skipped. A served pass selects the load and the models of SERVED_SELECT, no
-    check."""
+    check. A rest pass selects what a full pass does but the load and the served models (it
+    builds the scope models of REST_SCOPE again), with the same checks."""
+    from orchestration.defs.ingest import RAW_MESSAGES  # it imports this module
+
     if full_tests_due(paths.dbt_target):
         return None
     assets = graph()
@@ -141,13 +146,16 @@ def pass_subset(
         a for a in assets.assets_defs if a.is_executable and a.node_def.name == DBT_MODELS
     ]
     if kind is PassKind.SERVED:
-        from orchestration.defs.ingest import RAW_MESSAGES  # it imports this module
-
         served = build_dbt_asset_selection([dbt_models], dbt_select=SERVED_SELECT)
         load = dg.AssetSelection.assets(RAW_MESSAGES)
         return (served | load).resolve(assets), set()
     checks = build_dbt_asset_selection([dbt_models], dbt_exclude=LIGHT_TESTS)
-    return assets.materializable_asset_keys, checks.resolve_checks(assets) | MART_CHECK_KEYS
+    selected = assets.materializable_asset_keys
+    if kind is PassKind.REST:
+        rest = build_dbt_asset_selection([dbt_models], dbt_exclude=REST_EXCLUDE)
+        scope = build_dbt_asset_selection([dbt_models], dbt_select=REST_SCOPE)
+        selected = (rest | scope).resolve(assets)
+    return selected, checks.resolve_checks(assets) | MART_CHECK_KEYS
 
 
 def build_dbt_assets(paths: DataPaths) -> tuple[dg.AssetsDefinition, DbtCliResource]:
@@ -171,7 +179,10 @@ def build_dbt_assets(paths: DataPaths) -> tuple[dg.AssetsDefinition, DbtCliResou
             kind = PassKind(context.run.tags.get(PASS_KIND_TAG, PassKind.FULL))
             window = current_window(paths, kind)
             if window.kind is not kind:  # the launcher checks first (orchestration/pipeline.py)
-                raise dg.Failure("a served pass needs a finished full pass to continue after")
+                raise dg.Failure(
+                    f"a {kind} pass cannot continue here: it needs a finished full pass"
+                    " (a rest pass: a finished pass that took every loaded message)"
+                )
             # The run's selection says which tests it runs: every one unless it is a subset
             # (pass_subset: the tests every pass runs, or none in a served pass).
             full_tests = not context.is_subset
