@@ -39,6 +39,7 @@ OPEN_SUFFIX = ".wal"
 SEALED_SUFFIX = ".sealed"
 _IOV_MAX = 1024  # pieces per writev (Linux's limit)
 _NO_HEADER = bytes(HEADER.size)
+SPARE_MIN_BYTES = 1 << 20
 log = logging.getLogger(__name__)
 
 
@@ -87,7 +88,9 @@ def write_frames(fd: int, data: bytes | memoryview, offsets: list[int]) -> None:
 
 
 def read_records(path: Path) -> Iterator[bytes]:
-    """The intact records of a segment, stopping at the first torn or corrupt frame."""
+    """The intact records of a segment, stopping at the first torn or corrupt frame (or at the
+    unused room of a segment written in advance: its 0xff bytes read as a frame longer than
+    the file)."""
     data = path.read_bytes()
     pos, end = 0, len(data)
     while pos + HEADER.size <= end:
@@ -175,6 +178,8 @@ class WriteAheadLog:
         self._fd = -1
         self._seg_path: Path | None = None
         self._seg_bytes = 0
+        self._seg_room = 0  # bytes written in advance (filler); 0: the segment grows as written
+        self._last_seg_bytes = 0
         self._seg_opened = 0.0
         self._next_seq = 0
         self.records_written = 0
@@ -182,8 +187,8 @@ class WriteAheadLog:
         # The sealer thread's work, under its own lock: segments to seal (in roll order) and
         # the spare segment it keeps open ahead for the writer.
         self._sealer_cond = threading.Condition()
-        self._to_seal: list[tuple[int, Path, int]] = []
-        self._spare: tuple[int, Path] | None = None
+        self._to_seal: list[tuple[int, Path, int, int]] = []  # fd, path, bytes, room
+        self._spare: tuple[int, Path, int] | None = None  # fd, path, room
         self._opening = False  # the sealer is opening a spare (its seq already taken)
         self._spare_retry_at = 0.0
         self._sealer_stop = False
@@ -263,37 +268,61 @@ class WriteAheadLog:
 
     # --- the writer thread --------------------------------------------------------------------
 
-    def _new_segment(self) -> tuple[int, Path]:
-        """A new, empty segment, its directory entry durable. Any thread."""
+    def _new_segment(self, room: int = 0) -> tuple[int, Path, int]:
+        """A new segment, its directory entry durable, and `room` bytes of filler (0xff, never
+        a whole frame: an empty record is all zeros) written and synced in advance. Any
+        thread."""
         with self._sealer_cond:
             # Time-based sequence numbers: unique across restarts without scanning the landing
             # dir.
             seq = max(self._next_seq, time.time_ns() // 1_000_000)
             self._next_seq = seq + 1
         path = self.dir / f"{seq:016d}{OPEN_SUFFIX}"
-        # With O_DSYNC each write returns once its data is on disk (the fdatasync of that
-        # write): a group commit is one system call, so the writer thread gives up and takes
-        # back the GIL once a round instead of twice, and the event loop is interrupted less.
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (os.O_DSYNC if self.fsync else 0)
-        fd = os.open(path, flags, 0o644)
+        room = room if self.fsync else 0
+        fd = -1
         try:
+            if room:
+                # Records then overwrite blocks that exist: an O_DSYNC write changes no
+                # metadata, so it needs no commit of ext4's journal, which is shared with every
+                # other writer of the file system (the roller's Parquet files, other programs).
+                fill = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                try:
+                    filler = b"\xff" * min(room, 1 << 20)
+                    for offset in range(0, room, len(filler)):
+                        os.pwrite(fill, filler[: room - offset], offset)
+                    os.fsync(fill)
+                finally:
+                    os.close(fill)
+            # With O_DSYNC each write returns once its data is on disk (the fdatasync of that
+            # write): a group commit is one system call, so the writer thread gives up and
+            # takes back the GIL once a round instead of twice.
+            flags = os.O_WRONLY | os.O_CREAT | (os.O_DSYNC if self.fsync else 0)
+            fd = os.open(path, flags, 0o644)
             if self.fsync:
                 fsync_dir(self.dir)
         except OSError:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
             with contextlib.suppress(OSError):
                 path.unlink()
             raise
-        return fd, path
+        return fd, path, room
+
+    def _spare_room(self) -> int:
+        """Room for the next spare: twice what the last segment held, 1 MiB to roll_max_bytes
+        (written every roll, and held on the disk; a segment that outgrows its room grows as
+        it is written, as one opened without room does)."""
+        return min(self.roll_max_bytes, 1 << 30, max(SPARE_MIN_BYTES, 2 * self._last_seg_bytes))
 
     def _open_segment(self) -> None:
-        """The writer's next segment: the spare opened ahead, else one opened now."""
+        """The writer's next segment: the spare opened ahead, else one opened now (without
+        room written in advance: that would be on the acknowledging path)."""
         with self._sealer_cond:
             while self._spare is None and self._opening:
                 self._sealer_cond.wait()  # one is on its way, and has the lower seq
             spare, self._spare = self._spare, None
             self._sealer_cond.notify()  # open the next spare
-        self._fd, self._seg_path = spare if spare is not None else self._new_segment()
+        self._fd, self._seg_path, self._seg_room = spare or self._new_segment()
         self._seg_bytes = 0
 
     def _roll(self) -> None:
@@ -301,19 +330,23 @@ class WriteAheadLog:
         if self._fd < 0 or self._seg_path is None:
             return
         with self._sealer_cond:
-            self._to_seal.append((self._fd, self._seg_path, self._seg_bytes))
+            self._to_seal.append((self._fd, self._seg_path, self._seg_bytes, self._seg_room))
+            self._last_seg_bytes = self._seg_bytes
             self._sealer_cond.notify()
-        self._fd, self._seg_path, self._seg_bytes = -1, None, 0
+        self._fd, self._seg_path, self._seg_bytes, self._seg_room = -1, None, 0, 0
 
     def _seal(self) -> None:
         """Seal the open segment on this thread (after a failure)."""
         if self._fd < 0 or self._seg_path is None:
             return
-        fd, path, size = self._fd, self._seg_path, self._seg_bytes
-        self._fd, self._seg_path, self._seg_bytes = -1, None, 0
-        self._seal_segment(fd, path, size)
+        fd, path, size, room = self._fd, self._seg_path, self._seg_bytes, self._seg_room
+        self._fd, self._seg_path, self._seg_bytes, self._seg_room = -1, None, 0, 0
+        self._seal_segment(fd, path, size, room)
 
-    def _seal_segment(self, fd: int, path: Path, size: int) -> None:
+    def _seal_segment(self, fd: int, path: Path, size: int, room: int) -> None:
+        if room > size and size:
+            # The unused room goes; if this is lost in a crash, recovery stops at it.
+            os.ftruncate(fd, size)
         os.close(fd)
         if size == 0:
             path.unlink()
@@ -343,9 +376,9 @@ class WriteAheadLog:
                     self._sealer_cond.wait(timeout)
                 to_seal, self._to_seal = self._to_seal, []
                 self._opening = want_spare and not to_seal
-            for fd, path, size in to_seal:
+            for fd, path, size, room in to_seal:
                 try:
-                    self._seal_segment(fd, path, size)
+                    self._seal_segment(fd, path, size, room)
                 except OSError as e:
                     self._fail(e)
                 except Exception:  # on_seal's: the segment stays in the log for recovery
@@ -360,7 +393,7 @@ class WriteAheadLog:
                 return
             if self._opening:
                 try:
-                    spare = self._new_segment()
+                    spare = self._new_segment(self._spare_room())
                 except OSError:
                     # The writer opens its own (and fails the log) if the disk still refuses.
                     spare, self._spare_retry_at = None, time.monotonic() + 1.0
@@ -398,15 +431,16 @@ class WriteAheadLog:
         try:
             if self._failed is not None:
                 self._try_recover()
+            data = b"".join(blob for blob, _ in batch)
             if self._fd < 0:
                 self._open_segment()
             if self._seg_bytes == 0:
                 self._seg_opened = time.monotonic()  # the roll interval counts from here
-            data = b"".join(blob for blob, _ in batch)
             view = memoryview(data)
+            offset = self._seg_bytes
             while view:  # synced as written (O_DSYNC) when fsync is on
-                n = os.write(self._fd, view)
-                view = view[n:]
+                n = os.pwrite(self._fd, view, offset)
+                view, offset = view[n:], offset + n
             self.fsyncs += 1
             self._seg_bytes += len(data)
             self.records_written += len(batch)
@@ -421,6 +455,7 @@ class WriteAheadLog:
         # Cut back to the last acknowledged byte, so records whose requests got an error are
         # not landed later (a torn frame would be dropped anyway; a whole one would not).
         if self._fd >= 0:
+            self._seg_room = 0  # the room after it goes too: the segment grows as written
             with contextlib.suppress(OSError):
                 os.ftruncate(self._fd, self._seg_bytes)
 

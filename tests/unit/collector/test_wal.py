@@ -85,8 +85,8 @@ def test_group_commit_acknowledges_after_write(tmp_path: Path) -> None:
         f.result(timeout=10)
     assert wal.records_written == 200
     assert wal.fsyncs < 200  # concurrent appends shared fsyncs
-    # The other segment is the spare the sealer opened ahead: empty.
-    (seg,) = [s for s in list_segments(tmp_path / "wal") if s.stat().st_size]
+    # The other segment is the spare the sealer opened ahead: no records.
+    (seg,) = [s for s in list_segments(tmp_path / "wal") if any(read_records(s))]
     assert len(list(read_records(seg))) == 200
     wal.close()
     assert sealed and sealed[0].suffix == ".sealed"
@@ -131,11 +131,11 @@ def test_write_failure_refuses_new_appends(tmp_path: Path) -> None:
     wal.close()
 
 
-def _size(path: Path) -> int | None:
+def _has_records(path: Path) -> bool:
     try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return None
+        return any(read_records(path))
+    except FileNotFoundError:  # sealed meanwhile: it held records
+        return True
 
 
 def test_rolls_leave_the_writer_thread_and_acks_stay_durable(
@@ -168,9 +168,9 @@ def test_rolls_leave_the_writer_thread_and_acks_stay_durable(
     while time.monotonic() < deadline or len(sealed) < 3:
         wal.append([stored(n)]).result(timeout=5)
         n += 1
-        # What holds the acknowledged record is in the directory for good (a segment renamed
-        # meanwhile held records too; only a spare being opened may be new and empty).
-        written = {p.name for p in wal_dir.iterdir() if p.suffix == ".wal" and _size(p) != 0}
+        # What holds the acknowledged record is in the directory for good (only a spare being
+        # opened may be new, and it holds no record).
+        written = {p.name for p in wal_dir.iterdir() if p.suffix == ".wal" and _has_records(p)}
         assert written <= synced, (written, synced)
     wal.close()
 
@@ -180,6 +180,50 @@ def test_rolls_leave_the_writer_thread_and_acks_stay_durable(
     users = [msgspec.json.decode(r)["userId"] for p in sealed for r in read_records(p)]
     assert users == [f"u{i}" for i in range(n)]
     assert sorted(wal_dir.iterdir()) == sorted(sealed)  # the spare is gone
+
+
+def test_segments_written_in_advance_recover_and_seal_without_their_room(
+    tmp_path: Path,
+) -> None:
+    """The sealer writes a spare's room (0xff filler) before the writer uses it, so O_DSYNC
+    writes overwrite existing blocks. A crash leaves the filler after the last record: recovery
+    lands exactly the acknowledged records, also after a torn one; a sealed segment keeps no
+    filler; a segment that outgrows its room grows."""
+    wal_dir = tmp_path / "wal"
+    sealed: list[Path] = []
+    # roll_max_bytes bounds the room: 64 KiB holds ~200 of these records.
+    wal = WriteAheadLog(wal_dir, roll_interval_s=60, roll_max_bytes=64 << 10, on_seal=sealed.append)
+    wal.start(1)
+    wal.append([stored(0)]).result(timeout=5)
+    deadline = time.monotonic() + 5
+    while wal._spare is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for n in range(1, 600):
+        wal.append([stored(n)]).result(timeout=5)
+    assert len(sealed) >= 2  # rolled by size, past their room
+    (open_seg,) = [s for s in list_segments(wal_dir) if s.suffix == ".wal" and any(read_records(s))]
+    in_open = list(read_records(open_seg))
+    acked = [r for s in (*sealed, open_seg) for r in read_records(s)]
+    assert [msgspec.json.decode(r)["userId"] for r in acked] == [f"u{i}" for i in range(600)]
+
+    # As after a kill: the open segment with its filler, a torn frame written into it.
+    data = bytearray(open_seg.read_bytes())
+    used = sum(8 + len(r) for r in in_open)
+    assert used < len(data) and data[used:] == b"\xff" * (len(data) - used)
+    torn = frame(stored(999))
+    data[used : used + len(torn) - 5] = torn[:-5]
+    wal.close()
+    assert sealed[-1].name == open_seg.with_suffix(".sealed").name
+    for s in sealed:  # no filler kept: the frames end to end
+        assert s.stat().st_size == sum(8 + len(r) for r in read_records(s))
+    crashed = tmp_path / "crashed"
+    crashed.mkdir()
+    (crashed / open_seg.name).write_bytes(bytes(data))
+    recover(crashed, DataPaths(tmp_path), "c0")
+    (landed,) = (tmp_path / "landing").rglob("*.parquet")
+    users = pq.read_table(landed).column("user_id").to_pylist()
+    assert users == [msgspec.json.decode(r)["userId"] for r in in_open]
+    assert not list(crashed.iterdir())
 
 
 def test_roll_is_idempotent_across_a_crash(tmp_path: Path) -> None:
