@@ -457,9 +457,10 @@ def test_secrets_are_compared_in_constant_time() -> None:
 
 
 def test_revocation_applies_on_a_server_idle_for_more_than_2_s(tmp_path: Path) -> None:
-    """The request path's lookups are cached and checked against the control store's files
-    (ControlStore._snapshot): a revocation by another process after the server has been idle
-    more than 2 s (the files' signature then trusted) must still take effect at once."""
+    """The request path's lookups are cached (ControlStore._snapshot, reloaded when the control
+    store's generation counter moves): a revocation by another process after the server has
+    been idle more than 2 s must still take effect at once. tests/integration/test_revocation.py
+    checks the request that follows the revocation within milliseconds."""
     d = tmp_path / "data"
     creds = init_data_dir(d)
     server = Server(d, free_port(), creds, env={"MALLARD_RATE_BURST": "100000"})
@@ -481,7 +482,7 @@ def test_revocation_applies_on_a_server_idle_for_more_than_2_s(tmp_path: Path) -
             )
         import time
 
-        time.sleep(2.5)  # idle past the window in which the files' timestamps are not trusted
+        time.sleep(2.5)  # idle (the once-a-second recheck of the snapshot is due again)
         assert httpx.post(f"{server.base}/track", json=track, headers=h).status_code == 200
         mallard("tokens", "revoke", token_id, data_dir=d)
         mallard("writekeys", "revoke", wk, data_dir=d)
