@@ -6,12 +6,17 @@ concurrent requests share fsyncs (~0.2 ms each here).
 
 Frame: 4-byte little-endian length, 4-byte CRC32 of the payload, payload. A torn tail (a crash
 mid-write) fails the length or CRC check and is dropped on recovery; it was never acknowledged.
-Segments are named `<seq>.wal` while open and renamed `<seq>.sealed` when rotated.
+Segments are named `<seq>.wal` while open and renamed `<seq>.sealed` when rotated; `<seq>` is
+the millisecond the segment began to take records (orchestration/regulations/purge.py waits for
+the segments begun before a suppression).
 
-A roll costs the writer no I/O: the next segment is opened ahead (created, its directory entry
-fsynced) by a second thread, the sealer, which also closes, renames and directory-fsyncs the
-segment the writer hands it, and passes it on. Those two directory fsyncs took tens of ms on
-this disk now and then, and before they ran on the writer thread, between acknowledging rounds.
+A roll costs the writer one rename: the next segment is opened ahead by a second thread, the
+sealer (created as a spare, `<n>.next`, its room written and its directory entry fsynced), and
+renamed `<seq>.wal` when the writer takes it (no fsync needed: after a crash the file is there
+under one name or the other, and recovery lands both). The sealer also closes, renames and
+directory-fsyncs the segment the writer hands it, and passes it on. Those two directory fsyncs
+took tens of ms on this disk now and then, and before they ran on the writer thread, between
+acknowledging rounds.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ Waiter = Union[Future[None], "asyncio.Future[None]"]
 HEADER = struct.Struct("<II")
 OPEN_SUFFIX = ".wal"
 SEALED_SUFFIX = ".sealed"
+SPARE_SUFFIX = ".next"  # opened ahead, not yet taking records
 _IOV_MAX = 1024  # pieces per writev (Linux's limit)
 _NO_HEADER = bytes(HEADER.size)
 SPARE_MIN_BYTES = 1 << 20
@@ -111,7 +117,7 @@ def segment_seq(path: Path) -> int:
 
 def list_segments(wal_dir: Path) -> list[Path]:
     return sorted(
-        (p for p in wal_dir.iterdir() if p.suffix in (OPEN_SUFFIX, SEALED_SUFFIX)),
+        (p for p in wal_dir.iterdir() if p.suffix in (OPEN_SUFFIX, SEALED_SUFFIX, SPARE_SUFFIX)),
         key=segment_seq,
     )
 
@@ -268,16 +274,19 @@ class WriteAheadLog:
 
     # --- the writer thread --------------------------------------------------------------------
 
-    def _new_segment(self, room: int = 0) -> tuple[int, Path, int]:
-        """A new segment, its directory entry durable, and `room` bytes of filler (0xff, never
-        a whole frame: an empty record is all zeros) written and synced in advance. Any
-        thread."""
+    def _next_seq_now(self) -> int:
         with self._sealer_cond:
             # Time-based sequence numbers: unique across restarts without scanning the landing
             # dir.
             seq = max(self._next_seq, time.time_ns() // 1_000_000)
             self._next_seq = seq + 1
-        path = self.dir / f"{seq:016d}{OPEN_SUFFIX}"
+        return seq
+
+    def _new_segment(self, room: int = 0, suffix: str = OPEN_SUFFIX) -> tuple[int, Path, int]:
+        """A new segment, its directory entry durable, and `room` bytes of filler (0xff, never
+        a whole frame: an empty record is all zeros) written and synced in advance. Any
+        thread."""
+        path = self.dir / f"{self._next_seq_now():016d}{suffix}"
         room = room if self.fsync else 0
         fd = -1
         try:
@@ -322,7 +331,21 @@ class WriteAheadLog:
                 self._sealer_cond.wait()  # one is on its way, and has the lower seq
             spare, self._spare = self._spare, None
             self._sealer_cond.notify()  # open the next spare
-        self._fd, self._seg_path, self._seg_room = spare or self._new_segment()
+        if spare is None:
+            self._fd, self._seg_path, self._seg_room = self._new_segment()
+        else:
+            # Named now, by when it begins to take records: a spare made before a suppression
+            # holds nothing received before it.
+            fd, path, room = spare
+            named = self.dir / f"{self._next_seq_now():016d}{OPEN_SUFFIX}"
+            try:
+                os.rename(path, named)
+            except OSError:
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                raise
+            self._fd, self._seg_path, self._seg_room = fd, named, room
         self._seg_bytes = 0
 
     def _roll(self) -> None:
@@ -393,7 +416,7 @@ class WriteAheadLog:
                 return
             if self._opening:
                 try:
-                    spare = self._new_segment(self._spare_room())
+                    spare = self._new_segment(self._spare_room(), SPARE_SUFFIX)
                 except OSError:
                     # The writer opens its own (and fails the log) if the disk still refuses.
                     spare, self._spare_retry_at = None, time.monotonic() + 1.0

@@ -20,6 +20,7 @@ from collector.wal import (
     frame,
     list_segments,
     read_records,
+    segment_seq,
     write_frames,
 )
 from mallard.paths import DataPaths
@@ -131,6 +132,9 @@ def test_write_failure_refuses_new_appends(tmp_path: Path) -> None:
     wal.close()
 
 
+RECOVERED = (".wal", ".sealed", ".next")  # what recovery lands (list_segments)
+
+
 def _has_records(path: Path) -> bool:
     try:
         return any(read_records(path))
@@ -143,19 +147,20 @@ def test_rolls_leave_the_writer_thread_and_acks_stay_durable(
 ) -> None:
     """A roll costs the acknowledging thread no directory fsync: the sealer opens the next
     segment ahead and seals the last. Every ack still follows the directory fsync that made its
-    segment's name durable, segments are sealed in order with every record once, and closing
+    segment's file durable under a name recovery reads (the spare's `.next`; the writer's rename
+    to `.wal` needs none), segments are sealed in order with every record once, and closing
     leaves no spare behind."""
     from collector import wal as wal_module
 
     wal_dir = tmp_path / "wal"
-    synced: set[str] = set()  # segment names made durable in the directory so far
+    synced: set[int] = set()  # inodes of segments durable in the directory so far
     threads: list[str] = []
     real_fsync_dir = wal_module.fsync_dir
 
     def fsync_dir(path: Path) -> None:
-        names = {p.name for p in path.iterdir()}
+        files = {e.inode() for e in os.scandir(path) if e.name.endswith(RECOVERED)}
         real_fsync_dir(path)
-        synced.update(names)
+        synced.update(files)
         threads.append(threading.current_thread().name)
 
     monkeypatch.setattr(wal_module, "fsync_dir", fsync_dir)
@@ -170,7 +175,11 @@ def test_rolls_leave_the_writer_thread_and_acks_stay_durable(
         n += 1
         # What holds the acknowledged record is in the directory for good (only a spare being
         # opened may be new, and it holds no record).
-        written = {p.name for p in wal_dir.iterdir() if p.suffix == ".wal" and _has_records(p)}
+        written = {
+            e.inode()
+            for e in os.scandir(wal_dir)
+            if e.name.endswith(".wal") and _has_records(Path(e.path))
+        }
         assert written <= synced, (written, synced)
     wal.close()
 
@@ -180,6 +189,36 @@ def test_rolls_leave_the_writer_thread_and_acks_stay_durable(
     users = [msgspec.json.decode(r)["userId"] for p in sealed for r in read_records(p)]
     assert users == [f"u{i}" for i in range(n)]
     assert sorted(wal_dir.iterdir()) == sorted(sealed)  # the spare is gone
+
+
+def test_a_segment_is_named_when_it_begins_to_take_records(tmp_path: Path) -> None:
+    """A spare is `<n>.next` until the writer takes it and names it `<ms>.wal`: an idle log
+    holds no `.wal` a Delete would wait for (purge.wait_for_logs waits for the segments begun
+    before a suppression), and a segment's name is not older than its first record. Recovery
+    lands a `.next` too: after a crash the writer's rename may not be on disk."""
+    wal_dir = tmp_path / "wal"
+    wal = WriteAheadLog(wal_dir, roll_interval_s=0.05, roll_max_bytes=1 << 30)
+    wal.start(1)
+    deadline = time.monotonic() + 5
+    while wal._spare is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)
+    before_ms = time.time_ns() // 1_000_000
+    wal.append([stored(1)]).result(timeout=5)
+    (seg,) = [p for p in wal_dir.iterdir() if p.suffix == ".wal"]
+    assert segment_seq(seg) >= before_ms
+    while seg.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(p.suffix for p in wal_dir.iterdir()) == [".next", ".sealed"]
+    wal.close()
+
+    crashed = tmp_path / "crashed"
+    crashed.mkdir()
+    (crashed / "0000000000000009.next").write_bytes(frame(stored(7)) + b"\xff" * 100)
+    assert recover(crashed, DataPaths(tmp_path), "c0") == 10
+    (landed,) = (tmp_path / "landing").rglob("*.parquet")
+    assert pq.read_table(landed).column("user_id").to_pylist() == ["u7"]
+    assert not list(crashed.iterdir())
 
 
 def test_segments_written_in_advance_recover_and_seal_without_their_room(
