@@ -65,12 +65,16 @@ def pass_kind(paths: DataPaths, wanted: PassKind) -> PassKind:
 
 
 def run_pipeline(
-    data_dir: Path, launched_by: str = BY_HAND, kind: PassKind = PassKind.FULL
+    data_dir: Path,
+    launched_by: str = BY_HAND,
+    kind: PassKind = PassKind.FULL,
+    begin: Callable[[PassKind], object] = lambda kind: None,
 ) -> list[StepResult]:
     """One pass: full (every model, the marts' health checks, compaction when due, the dispatch),
     served (the load and the models the read API serves) or rest (what a full pass does but the
     load and the served models: orchestration/window.py PassKind), then the unfinished
-    regulations carried forward."""
+    regulations carried forward. The kind asked for is the one that runs if it can (pass_kind);
+    begin is called with it as the pass begins."""
     from orchestration.defs import build_definitions
     from orchestration.defs.dbt import pass_subset
     from orchestration.defs.ingest import PIPELINE
@@ -81,6 +85,7 @@ def run_pipeline(
     except Exception as e:  # a broken dbt project fails here, before any run
         return [StepResult("definitions", False, f"{type(e).__name__}: {e}")]
     kind = pass_kind(paths, kind)
+    begin(kind)
     job = defs.resolve_job_def(PIPELINE)
     if subset := pass_subset(paths, defs.resolve_asset_graph, kind):
         assets, checks = subset
@@ -230,18 +235,28 @@ def failed_steps(result: dg.ExecuteInProcessResult) -> list[StepResult]:
     return steps
 
 
-def _pass_off_the_main_thread(data_dir: Path, kind: PassKind) -> list[StepResult]:
-    """One pass on a thread of its own. On the main thread Dagster replaces the SIGINT and
-    SIGTERM handlers while a run executes, and a signal fails the step as interrupted; on
-    another thread it leaves both to the watcher, which lets the pass finish."""
+def _pass_off_the_main_thread(
+    data_dir: Path, wanted: PassKind, begin: Callable[[PassKind], object]
+) -> tuple[PassKind, list[StepResult]]:
+    """One pass on a thread of its own, and the kind that ran (the one wanted when none began).
+    On the main thread Dagster replaces the SIGINT and SIGTERM handlers while a run executes,
+    and a signal fails the step as interrupted; on another thread it leaves both to the
+    watcher, which lets the pass finish."""
     out: list[list[StepResult]] = []
+    began: list[PassKind] = []
+
+    def begins(kind: PassKind) -> None:
+        began.append(kind)
+        begin(kind)
+
     worker = threading.Thread(
-        target=lambda: out.append(run_pipeline(data_dir, BY_THE_WATCHER, kind)),
+        target=lambda: out.append(run_pipeline(data_dir, BY_THE_WATCHER, wanted, begins)),
         name="pipeline-pass",
     )
     worker.start()
     worker.join()
-    return out[0] if out else [StepResult("pipeline", False, "the pass raised (see stderr)")]
+    steps = out[0] if out else [StepResult("pipeline", False, "the pass raised (see stderr)")]
+    return (began[0] if began else wanted), steps
 
 
 def watch_pipeline(
@@ -297,9 +312,7 @@ def watch_pipeline(
                     # then a rest pass builds the rest without holding them up.
                     wanted = [PassKind.SERVED, PassKind.REST] if landed else [PassKind.REST]
                 for want in wanted:
-                    kind = pass_kind(paths, want)
-                    begin(kind)
-                    steps = _pass_off_the_main_thread(data_dir, kind)
+                    kind, steps = _pass_off_the_main_thread(data_dir, want, begin)
                     passes += 1
                     if kind.completes:
                         full_ended, served_since_full = time.monotonic(), False
