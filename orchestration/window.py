@@ -39,9 +39,9 @@ class PassKind(StrEnum):
     the read API serves (`SERVED_SELECT`), with no tests, so a new message is served within
     seconds while commands, journeys, audiences and duplicates wait for the next full pass.
     A rest pass is a full pass that follows a served pass which took every loaded message: it
-    loads nothing and leaves the served models as the served passes built them, and builds the
-    rest (`REST_SELECT`) over every message since the last full pass, with everything a full
-    pass runs after its models; the read API's marts are not held up for that part."""
+    loads nothing, leaves the served models as the served passes built them, and builds the
+    rest (`REST_EXCLUDE`, `REST_SCOPE`) over every message since the last full pass, with
+    everything a full pass runs after its models; the read API's marts do not wait for it."""
 
     FULL = "full"
     SERVED = "served"
