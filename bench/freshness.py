@@ -58,6 +58,21 @@ class Probe:
         return None if self.seen is None else self.seen - self.acked
 
 
+def pipeline_run(lake: Lake, timeout: float) -> int:
+    """One `mallard pipeline run` on the lake, its output appended to the pipeline log; its exit
+    code."""
+    env = {**os.environ, "MALLARD_DATA_DIR": str(lake.data_dir), **TELEMETRY_OFF}
+    with open(lake.data_dir / "bench-freshness-pipeline.log", "ab") as log:
+        return subprocess.run(
+            [sys.executable, "-m", "mallard.cli", "pipeline", "run"],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=timeout,
+        ).returncode
+
+
 @dataclass
 class PipelineLoop:
     """`mallard pipeline run` back to back in a thread, until stopped."""
@@ -72,19 +87,10 @@ class PipelineLoop:
         self._thread.start()
 
     def _run(self) -> None:
-        env = {**os.environ, "MALLARD_DATA_DIR": str(self.lake.data_dir), **TELEMETRY_OFF}
-        with open(self.lake.data_dir / "bench-freshness-pipeline.log", "ab") as log:
-            while not self._stop.is_set():
-                t0 = time.perf_counter()
-                rc = subprocess.run(
-                    [sys.executable, "-m", "mallard.cli", "pipeline", "run"],
-                    cwd=REPO,
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    timeout=7200,
-                ).returncode
-                self.runs.append((time.perf_counter() - t0, rc))
+        while not self._stop.is_set():
+            t0 = time.perf_counter()
+            rc = pipeline_run(self.lake, timeout=7200)
+            self.runs.append((time.perf_counter() - t0, rc))
 
     def stop(self) -> None:
         """Let the current run finish (a killed run would only be redone), then stop."""
@@ -191,17 +197,8 @@ def catch_up(lake: Lake) -> None:
     """One pass before the probes (not timed), as a deployment's pipeline is caught up when
     traffic comes: the messages earlier runs left, and every test after a change to the dbt
     project (a minute at 10M), which would otherwise fall on the first probes."""
-    env = {**os.environ, "MALLARD_DATA_DIR": str(lake.data_dir), **TELEMETRY_OFF}
-    with open(lake.data_dir / "bench-freshness-pipeline.log", "ab") as log:
-        subprocess.run(
-            [sys.executable, "-m", "mallard.cli", "pipeline", "run"],
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            timeout=3600,
-            check=True,
-        )
+    if rc := pipeline_run(lake, timeout=3600):
+        raise RuntimeError(f"the catch-up pass failed ({rc}): see bench-freshness-pipeline.log")
 
 
 @dataclass

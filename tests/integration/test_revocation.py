@@ -14,6 +14,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -33,6 +34,27 @@ for line in sys.stdin:
     ok = store.revoke_token(value) if kind == "token" else store.revoke_write_key(value)
     print(int(ok), flush=True)
 """
+
+
+TRACK = {"userId": "rv", "event": "Revoked"}
+
+
+def revocable_credentials(data_dir: Path) -> tuple[str, str, dict[str, str], dict[str, str]]:
+    """A new token of the demo client (its id) and writeKey, with their request headers."""
+    out = json.loads(
+        mallard("tokens", "create", "--scope", "client:demo", "--json", data_dir=data_dir).stdout
+    )
+    wk = mallard("writekeys", "create", "demo", data_dir=data_dir).stdout.strip()
+    basic = {"authorization": "Basic " + base64.b64encode(f"{wk}:".encode()).decode()}
+    return out["tokenId"], wk, {"auth-token": out["token"]}, basic
+
+
+def use_until_cached(http: Any, server: Server, h: dict[str, str], basic: dict[str, str]) -> None:
+    """Requests with the token and the writeKey, so the server has their lookups cached."""
+    for _ in range(3):
+        assert http.post(f"{server.base}/track", json=TRACK, headers=h).status_code == 200
+        assert http.get(f"{server.base}/events/", headers=h).status_code == 200
+        assert http.post(f"{server.url}/v1/track", json=TRACK, headers=basic).status_code == 200
 
 
 def test_a_revocation_by_another_process_refuses_the_next_request(tmp_path: Path) -> None:
@@ -57,20 +79,10 @@ def test_a_revocation_by_another_process_refuses_the_next_request(tmp_path: Path
 
     try:
         assert revoker.stdout.readline().strip() == "ready"
-        out = json.loads(
-            mallard("tokens", "create", "--scope", "client:demo", "--json", data_dir=d).stdout
-        )
-        token, token_id = out["token"], out["tokenId"]
-        wk = mallard("writekeys", "create", "demo", data_dir=d).stdout.strip()
-        h = {"auth-token": token}
-        basic = {"authorization": "Basic " + base64.b64encode(f"{wk}:".encode()).decode()}
-        track = {"userId": "rv", "event": "Revoked"}
+        token_id, wk, h, basic = revocable_credentials(d)
+        track = TRACK
         with httpx.Client(timeout=10) as http:
-            for _ in range(3):  # used, so the lookups are cached
-                assert http.post(f"{server.base}/track", json=track, headers=h).status_code == 200
-                assert http.get(f"{server.base}/events/", headers=h).status_code == 200
-                r = http.post(f"{server.url}/v1/track", json=track, headers=basic)
-                assert r.status_code == 200
+            use_until_cached(http, server, h, basic)
 
             revoke("token", token_id)
             r = http.post(f"{server.base}/track", json=track, headers=h)

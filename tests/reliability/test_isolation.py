@@ -466,20 +466,15 @@ def test_revocation_applies_on_a_server_idle_for_more_than_2_s(tmp_path: Path) -
     server = Server(d, free_port(), creds, env={"MALLARD_RATE_BURST": "100000"})
     server.start()
     try:
-        out = json.loads(
-            mallard("tokens", "create", "--scope", "client:demo", "--json", data_dir=d).stdout
+        from tests.integration.test_revocation import (
+            TRACK,
+            revocable_credentials,
+            use_until_cached,
         )
-        token, token_id = out["token"], out["tokenId"]
-        wk = mallard("writekeys", "create", "demo", data_dir=d).stdout.strip()
-        h = {"auth-token": token}
-        basic = {"authorization": "Basic " + base64.b64encode(f"{wk}:".encode()).decode()}
-        track = {"userId": "rv", "event": "Revoked"}
-        for _ in range(3):  # used, so the lookups are cached
-            assert httpx.post(f"{server.base}/track", json=track, headers=h).status_code == 200
-            assert httpx.get(f"{server.base}/events/", headers=h).status_code == 200
-            assert (
-                httpx.post(f"{server.url}/v1/track", json=track, headers=basic).status_code == 200
-            )
+
+        token_id, wk, h, basic = revocable_credentials(d)
+        track = TRACK
+        use_until_cached(httpx, server, h, basic)
         import time
 
         time.sleep(2.5)  # idle (the once-a-second recheck of the snapshot is due again)
