@@ -1,14 +1,24 @@
 """`GET {base}/events/{eventId}/status` and the Dagster `dispatch` job, on a real server, a
-`mallard pipeline run` and a loopback SMTP sink (tests/integration/test_dispatch.py's)."""
+`mallard pipeline run` and a loopback SMTP sink (tests/integration/test_dispatch.py's).
+
+The tests share one server, data dir and sink (test_dispatch.py's module fixtures, one of each
+per module): each sends as users of its own and counts only the messages it made reach the
+sink."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from typing import Any
 
 from tests.conftest import REPO, Server, wait_landed
-from tests.integration.test_dispatch import sink  # noqa: F401 - the fixture
+from tests.integration.test_dispatch import (  # noqa: F401 - the fixtures
+    Sink,
+    dispatch_server,
+    new_messages,
+    smtp_sink,
+)
 
 UNKNOWN = "019ac2b0-5d1e-7000-8a3c-1f2e3d4c5b6a"
 
@@ -27,13 +37,13 @@ def _status(server: Server, event_id: str) -> dict[str, Any]:
     return body
 
 
-def test_status_unknown_received_processed(server_factory: Any) -> None:
-    server: Server = server_factory()
+def test_status_unknown_received_processed(dispatch_server: Server) -> None:  # noqa: F811
+    server = dispatch_server
     r = server.get(f"events/{UNKNOWN}/status")
     assert r.status_code == 404
     assert r.json()["error"]["code"] == "not_found"
 
-    event_id = _post(server, "track", {"userId": "u1", "event": "Page Viewed"})
+    event_id = _post(server, "track", {"userId": "status-u1", "event": "Page Viewed"})
     first = _status(server, event_id)  # in the log or a landing file: not loaded yet
     assert first == {"eventId": event_id, "status": "received", "errors": [], "sends": []}
     wait_landed(server.data_dir, [event_id])
@@ -52,21 +62,26 @@ def test_status_unknown_received_processed(server_factory: Any) -> None:
     assert server.get(f"events/{UNKNOWN}/status").status_code == 404
 
 
-def test_command_status_lists_its_sends(server_factory: Any, sink: Any) -> None:  # noqa: F811
-    handler, _ = sink
-    server: Server = server_factory()
+def test_command_status_lists_its_sends(
+    dispatch_server: Server,  # noqa: F811
+    smtp_sink: tuple[Sink, int],  # noqa: F811
+) -> None:
+    server, (handler, _) = dispatch_server, smtp_sink
+    before = len(handler.messages)
     ids = [
         _post(
             server,
             "identify",
-            {"userId": "u1", "event": "identify", "traits": {"email": "ann@example.com"}},
+            {"userId": "cmd-u1", "event": "identify", "traits": {"email": "cmd@example.com"}},
         ),
-        _post(server, "track", {"userId": "u1", "event": "send_email", "assetId": "welcome"}),
-        _post(server, "track", {"anonymousId": "v-1", "event": "send_email", "assetId": "welcome"}),
+        _post(server, "track", {"userId": "cmd-u1", "event": "send_email", "assetId": "welcome"}),
+        _post(
+            server, "track", {"anonymousId": "cmd-v-1", "event": "send_email", "assetId": "welcome"}
+        ),
     ]
     wait_landed(server.data_dir, ids)
     server.pipeline()
-    assert len(handler.messages) == 1
+    assert [m["To"] for m in new_messages(handler, before)] == ["cmd@example.com"]
 
     sent = _status(server, ids[1])
     assert sent["status"] == "processed" and sent["errors"] == []
@@ -144,6 +159,7 @@ def _run_jobs(server: Server, *names: str, script: str = _RUN_JOB) -> str:
     out = subprocess.run(
         [sys.executable, "-c", script, str(server.data_dir), *names],
         cwd=REPO,
+        env={**os.environ, **server.env},
         capture_output=True,
         text=True,
         timeout=600,
@@ -152,27 +168,30 @@ def _run_jobs(server: Server, *names: str, script: str = _RUN_JOB) -> str:
     return out.stdout
 
 
-def test_dispatch_job_from_the_definitions(server_factory: Any, sink: Any) -> None:  # noqa: F811
-    handler, _ = sink
-    server: Server = server_factory()
+def test_dispatch_job_from_the_definitions(
+    dispatch_server: Server,  # noqa: F811
+    smtp_sink: tuple[Sink, int],  # noqa: F811
+) -> None:
+    server, (handler, _) = dispatch_server, smtp_sink
+    before = len(handler.messages)
     ids = [
         _post(
             server,
             "identify",
-            {"userId": "u1", "event": "identify", "traits": {"email": "ann@example.com"}},
+            {"userId": "job-u1", "event": "identify", "traits": {"email": "job@example.com"}},
         ),
-        _post(server, "track", {"userId": "u1", "event": "send_email", "assetId": "welcome"}),
+        _post(server, "track", {"userId": "job-u1", "event": "send_email", "assetId": "welcome"}),
     ]
     wait_landed(server.data_dir, ids)
     # The pipeline job as the daemon runs it: it loads and builds, it sends nothing itself.
     _run_jobs(server, "pipeline")
-    assert handler.messages == []
+    assert new_messages(handler, before) == []
     assert _status(server, ids[1])["sends"] == []
     # Its success asks the sensor for a dispatch run, unless a watcher runs (it dispatches).
     sensor = _run_jobs(server, script=_SENSOR).split()
     assert sensor[-2:] == ["RunRequest", "SkipReason"], sensor
     # The dispatch job sends it; run again, it sends nothing twice.
     _run_jobs(server, "dispatch", "dispatch")
-    assert len(handler.messages) == 1
+    assert [m["To"] for m in new_messages(handler, before)] == ["job@example.com"]
     [send] = _status(server, ids[1])["sends"]
     assert send["status"] == "sent"
