@@ -254,7 +254,9 @@ class Server:
     def headers(self) -> dict[str, str]:
         return {"auth-token": self.creds["token"], "content-type": "application/json"}
 
-    def start(self, timeout: float = 60) -> None:
+    def start(self, timeout: float = 120) -> None:
+        """Start `mallard serve` and wait until /health answers; a server not ready in time is
+        stopped before the error is raised, so no caller is left with a stray process."""
         self.log = self.data_dir / f"serve-{self.port}.log"
         full_env = {**os.environ, "MALLARD_DATA_DIR": str(self.data_dir), **self.env}
         with open(self.log, "ab") as log:
@@ -265,7 +267,11 @@ class Server:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        wait_http(f"{self.url}/health", self.proc, self.log, timeout)
+        try:
+            wait_http(f"{self.url}/health", self.proc, self.log, timeout)
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int | None:
         close_passes(self.data_dir)

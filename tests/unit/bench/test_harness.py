@@ -1,15 +1,19 @@
-"""The benchmark harness's own parts: the traffic generator and the statistics."""
+"""The benchmark harness's own parts: the traffic generator, the statistics, the server it
+starts and how the freshness bench tells which runs a probe waited on."""
 
 from __future__ import annotations
 
 from collections import Counter
 from datetime import datetime
+from pathlib import Path
 
 import msgspec
 import pytest
 
+from bench.freshness import Probe, Run
 from bench.generator import Traffic
 from bench.stats import percentile, summarize
+from mallard.harness import Server, free_port
 from mallard.schemas import LANDING_SCHEMA
 
 
@@ -78,3 +82,29 @@ def test_landing_batches_match_the_landing_schema() -> None:
     stored = msgspec.json.decode(tables[0].column("message")[0].as_py())
     assert stored["eventId"] == tables[0].column("event_id")[0].as_py()
     assert {"receivedAt", "timestamp", "channel", "version", "clientId"} <= set(stored)
+
+
+def test_a_server_not_ready_in_time_is_stopped(tmp_path: Path) -> None:
+    """A start that times out leaves no `mallard serve` behind (a test fixture that fails in
+    its set-up never reaches its teardown)."""
+    server = Server(tmp_path, free_port(), creds={})
+    with pytest.raises(AssertionError, match="not ready"):
+        server.start(timeout=0.01)
+    assert server.proc is not None
+    assert server.proc.poll() is not None, "the server outlived its failed start"
+
+
+def test_a_probe_waited_on_the_runs_under_way_until_it_was_seen() -> None:
+    served = Run(100.0, 110.0, True, "served")
+    rest = Run(110.0, 125.0, True, "rest")
+    compaction = Run(125.0, 133.0, True, "compaction")
+    after = Run(133.0, 143.0, True, "served")
+    runs = [served, rest, compaction, after]
+    early = Probe("a", acked=0.0, seen=9.0, acked_at=100.5)  # seen at 109.5
+    held = Probe("b", acked=0.0, seen=30.0, acked_at=109.0)  # seen at 139.0
+    unseen = Probe("c", acked=0.0, acked_at=101.0)
+    assert early.waited_on(runs) == [served]
+    assert held.waited_on(runs) == [served, rest, compaction, after]
+    assert unseen.waited_on(runs) == []
+    assert [r.holds_served for r in runs] == [False, True, True, False]
+    assert compaction.seconds == 8.0
