@@ -328,11 +328,20 @@ def test_a_regulation_reads_back_and_its_run_is_reaped(env: Env) -> None:
     assert ISO.match(doc["startedAt"]) and ISO.match(doc["finishedAt"]), doc
     # Each subject's outcome, as the run recorded it by the userId's hash.
     assert all(x["outcome"] for x in doc["subjects"]), doc
+    # The run's process exits after its last line and the server reaps it: its PID is gone,
+    # not left a zombie. (Waiting on the PID, not on "no zombie now": a check made while the
+    # run is still exiting finds none, and one made an instant later may find it exited and
+    # not yet reaped.)
     assert env.server.proc is not None
-    deadline = time.monotonic() + 10
-    while zombies_of(env.server.proc.pid) and time.monotonic() < deadline:
+    started = log_line(env.server.data_dir, reg_id, "run started", timeout=10)
+    found = re.search(r"\(pid (\d+)\)", started)
+    assert found, started
+    run = Path(f"/proc/{found[1]}")
+    deadline = time.monotonic() + 30
+    while run.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert zombies_of(env.server.proc.pid) == []
+    assert int(found[1]) not in zombies_of(env.server.proc.pid), "the server never reaped its run"
+    assert not run.exists(), f"the run {found[1]} has not exited"
 
 
 def test_delete_needs_an_active_suppression(env: Env) -> None:
