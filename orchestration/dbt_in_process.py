@@ -101,6 +101,28 @@ class DbtThread:
         committed is kept (each model commits once)."""
 
 
+def run_dbt(args: list[str], extra: dict[str, str]) -> None:
+    """`dbt <args>` on this thread with `extra` set in the environment (dbt's settings and the
+    project's variables), one in-process dbt command at a time; a failure raises `DbtFailed`
+    with dbt's error lines. What `ensure_manifest` parses with, where a `dbt` subprocess
+    would first pay for starting Python and importing dbt again."""
+    errors: list[str] = []
+
+    def keep_errors(line: bytes) -> None:
+        event = json.loads(line)
+        if event["info"]["level"] == "error":
+            errors.append(str(event["info"]["msg"]))
+
+    with _SWAP, dbt_environment(extra={**extra, "DBT_QUIET": "true"}):
+        code = _invoke(args, keep_errors)
+    if code != 0:
+        raise DbtFailed(f"dbt {' '.join(args[:1])} failed ({code}): " + " | ".join(errors))
+
+
+class DbtFailed(RuntimeError):
+    """A dbt command run by `run_dbt` did not succeed."""
+
+
 def _invoke(args: list[str], emit: Any) -> int:
     from dbt.adapters.duckdb.connections import DuckDBConnectionManager
     from dbt.cli.main import dbtRunner

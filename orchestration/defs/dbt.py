@@ -27,7 +27,7 @@ from packaging import version
 from mallard.paths import DataPaths
 from mallard.settings import get_settings
 from orchestration.context import DBT_DIR, yield_cpu_to_readers
-from orchestration.dbt_in_process import in_process_dbt
+from orchestration.dbt_in_process import in_process_dbt, run_dbt
 from orchestration.defs.checks import MART_CHECK_KEYS
 from orchestration.environment import dbt_env, dbt_environment
 from orchestration.resources import LakeResource
@@ -65,7 +65,8 @@ def _dbt_executable() -> Path:
 
 def ensure_manifest(paths: DataPaths) -> Path:
     """`dbt parse` into the data dir's dbt target when the manifest is missing or older than the
-    project."""
+    project: on a thread of this process, as passes run dbt (MALLARD_DBT_IN_PROCESS=0: a `dbt`
+    subprocess)."""
     target = paths.dbt_target
     manifest = target / "manifest.json"
     if manifest.exists() and manifest.stat().st_mtime >= _newest_source_mtime():
@@ -75,23 +76,24 @@ def ensure_manifest(paths: DataPaths) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if manifest.exists() and manifest.stat().st_mtime >= _newest_source_mtime():
             return manifest
-        subprocess.run(
-            [
-                str(_dbt_executable()),
-                "parse",
-                "--project-dir",
-                str(DBT_DIR),
-                "--profiles-dir",
-                str(DBT_DIR),
-                "--target-path",
-                str(target),
-                "--log-path",
-                str(paths.dbt_logs),
-                "--quiet",
-            ],
-            check=True,
-            env={**os.environ, **dbt_env(paths)},
-        )
+        args = [
+            "parse",
+            "--project-dir",
+            str(DBT_DIR),
+            "--profiles-dir",
+            str(DBT_DIR),
+            "--target-path",
+            str(target),
+            "--log-path",
+            str(paths.dbt_logs),
+            "--quiet",
+        ]
+        if get_settings().dbt_in_process:  # dbt is imported here already (dagster-dbt's)
+            run_dbt(args, dbt_env(paths))
+        else:
+            subprocess.run(
+                [str(_dbt_executable()), *args], check=True, env={**os.environ, **dbt_env(paths)}
+            )
     return manifest
 
 

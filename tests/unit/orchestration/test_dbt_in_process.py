@@ -12,11 +12,15 @@ import subprocess
 from pathlib import Path
 
 import dagster_dbt
+import pytest
 from dagster_dbt.core import dbt_cli_invocation
 
 from mallard.harness import mallard
+from mallard.paths import DataPaths
+from mallard.settings import get_settings
 from orchestration.context import DBT_DIR
-from orchestration.dbt_in_process import CHECKED_AGAINST_DAGSTER_DBT, DbtThread
+from orchestration.dbt_in_process import CHECKED_AGAINST_DAGSTER_DBT, DbtFailed, DbtThread, run_dbt
+from orchestration.defs import dbt as dbt_defs
 
 
 def _calls_of(tree: ast.AST, module: str, name: str) -> list[ast.Call]:
@@ -102,3 +106,39 @@ def test_dbt_errors_and_exit_codes_come_back_as_from_the_cli(tmp_path: Path) -> 
     assert all(e["info"]["level"] != "debug" for e in lines)
     errors = [e["info"]["msg"] for e in lines if e["info"]["level"] == "error"]
     assert any("dbt_project.yml" in m or str(missing) in m for m in errors), errors
+
+
+def test_the_project_is_parsed_in_this_process_unless_dbt_runs_as_a_subprocess(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A data dir's first parse (ensure_manifest) starts no `dbt` process where passes run dbt
+    in theirs; with MALLARD_DBT_IN_PROCESS=0 it does. Both write the manifest."""
+    started: list[object] = []
+    real_run = subprocess.run
+
+    def run(*args: object, **kwargs: object) -> object:
+        started.append(args[0])
+        return real_run(*args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(dbt_defs.subprocess, "run", run)
+    monkeypatch.delenv("MALLARD_DBT_IN_PROCESS", raising=False)
+    get_settings.cache_clear()
+    try:
+        manifest = dbt_defs.ensure_manifest(DataPaths(tmp_path / "here"))
+        assert json.loads(manifest.read_text())["nodes"], "no nodes parsed"
+        assert started == []
+
+        monkeypatch.setenv("MALLARD_DBT_IN_PROCESS", "0")
+        get_settings.cache_clear()
+        manifest = dbt_defs.ensure_manifest(DataPaths(tmp_path / "apart"))
+        assert json.loads(manifest.read_text())["nodes"], "no nodes parsed"
+        assert len(started) == 1 and "parse" in started[0]  # type: ignore[operator]
+    finally:
+        get_settings.cache_clear()
+
+
+def test_a_failed_dbt_command_in_this_process_raises_with_dbt_s_errors(tmp_path: Path) -> None:
+    missing = tmp_path / "no-project"
+    with pytest.raises(DbtFailed) as failed:
+        run_dbt(["parse", "--project-dir", str(missing), "--profiles-dir", str(DBT_DIR)], {})
+    assert "dbt_project.yml" in str(failed.value) or str(missing) in str(failed.value)
