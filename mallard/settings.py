@@ -68,6 +68,10 @@ class Settings:
     # A table is compacted after a pass once it has this many files that compaction would
     # rewrite or merge (orchestration/maintenance.py); 0 leaves compaction to the nightly job.
     compact_at_files: int = 8
+    # Compaction after a pass stops starting tables once it has run this long, and the tables
+    # left wait for the next pass that completes: the one writer goes back to serving passes
+    # instead of holding them through every fragmented table at once (0: no limit).
+    compact_slice_s: float = 10.0
     # Fault injection for the fault tests: a regulation's run kills itself (SIGKILL) once the
     # step of this name has done its work, before Dagster records it ("" for none).
     fault_kill_at: str = ""
@@ -116,6 +120,7 @@ def get_settings() -> Settings:
         pages_process=_env("PAGES_PROCESS", "1") not in ("0", "false", "no"),
         dbt_in_process=_env("DBT_IN_PROCESS", "1") not in ("0", "false", "no"),
         compact_at_files=int(_env("COMPACT_AT_FILES", "8")),
+        compact_slice_s=float(_env("COMPACT_SLICE_S", str(Settings.compact_slice_s))),
         full_pass_every_s=float(_env("FULL_PASS_EVERY_S", str(Settings.full_pass_every_s))),
         fault_kill_at=_env("FAULT_KILL_AT", ""),
         journey_split_at=int(_env("JOURNEY_SPLIT_AT", "20000")),

@@ -406,7 +406,7 @@ CHUNKED = {"MALLARD_CUSTOMERS_PER_CHUNK": "25", "MALLARD_DBT_EXAMPLES": "true"}
 
 # The incremental lake compacts a table once it has two files to rewrite or merge, so passes
 # also fold into tables compaction rewrote (at scale, 8: MALLARD_COMPACT_AT_FILES).
-COMPACT_EARLY = {"MALLARD_COMPACT_AT_FILES": "2"}
+COMPACT_EARLY = {"MALLARD_COMPACT_AT_FILES": "2", "MALLARD_COMPACT_SLICE_S": "0"}
 NO_COMPACTION = {"MALLARD_COMPACT_AT_FILES": "0"}
 # The tables passes append to, and the view that combines each by its fold rule (`meta.fold`).
 FOLDED = {
@@ -498,7 +498,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
         for table in FOLDED:
             appended[table].append(len(read_table(inc, f"state.{table}")))
 
-    compact_fragmented(DataPaths(inc), at=1)
+    compact_fragmented(DataPaths(inc), at=1, slice_s=0)
     folded = {table: read_table(inc, f"state.{table}") for table in FOLDED}
 
     full = tmp_path_factory.mktemp("full")

@@ -195,6 +195,32 @@ def test_compaction_takes_only_the_fragmented_tables(tmp_path: Path) -> None:
     assert compact_fragmented(paths, at=6).summary == "no table fragmented"
 
 
+def test_compaction_runs_in_slices_most_fragmented_table_first(tmp_path: Path) -> None:
+    """A slice that has run out starts no other table (the one writer goes back to passes): the
+    most fragmented table is compacted, the other left for the next slice, which takes it."""
+    paths = DataPaths(tmp_path)
+    ensure_warehouse(paths)
+    _fragment(paths, "churned", passes=10)
+    _fragment(paths, "busy", passes=8)
+    churned, busy = _rows(paths, "churned"), _rows(paths, "busy")
+    assert [t for _, t, _ in needs_compaction(paths, at=6)] == ["churned", "busy"]
+
+    first = compact_fragmented(paths, at=6, slice_s=1e-9)
+
+    assert [t for _, t, _ in first.tables] == ["churned"]
+    assert [t for _, t, _ in first.left] == ["busy"]
+    assert first.summary.endswith("; 1 left for the next pass"), first.summary
+    assert [t for _, t, _ in needs_compaction(paths, at=6)] == ["busy"]
+    second = compact_fragmented(paths, at=6, slice_s=1e-9)
+    assert [t for _, t, _ in second.tables] == ["busy"] and not second.left
+    assert needs_compaction(paths, at=6) == []
+    assert _rows(paths, "churned") == churned and _rows(paths, "busy") == busy
+    # No limit: every fragmented table in one call.
+    _fragment(paths, "again", passes=8)
+    _fragment(paths, "more", passes=8)
+    assert len(compact_fragmented(paths, at=6, slice_s=0).tables) == 2
+
+
 def test_the_fragmentation_sensor_requests_a_compaction(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
