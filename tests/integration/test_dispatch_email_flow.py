@@ -19,7 +19,8 @@ import httpx
 import pytest
 from aiosmtpd.controller import Controller
 
-from tests.conftest import Server, free_port, init_data_dir, mallard, wait_landed
+from mallard.harness import pipeline_pass
+from tests.conftest import Server, free_port, init_data_dir, wait_landed
 
 pytestmark = pytest.mark.integration
 
@@ -72,14 +73,9 @@ def flow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flow]:
     server.start()
 
     def run_pass() -> None:
-        mallard(
-            "pipeline",
-            "run",
-            data_dir=data,
-            env={
-                "MALLARD_SMTP_URL": f"smtp://127.0.0.1:{smtp_port}",
-                "MALLARD_PUBLIC_URL": server.url,
-            },
+        pipeline_pass(
+            data,
+            {"MALLARD_SMTP_URL": f"smtp://127.0.0.1:{smtp_port}", "MALLARD_PUBLIC_URL": server.url},
         )
 
     try:

@@ -21,10 +21,11 @@ from typing import Any
 import httpx
 import pytest
 
+from mallard.harness import pipeline_pass
 from mallard.paths import DataPaths
 from mallard.secret import derived_key
 from orchestration.delivery.dispatch import SIGNATURE_PURPOSE
-from tests.conftest import REPO, Server, free_port, init_data_dir, mallard, wait_landed
+from tests.conftest import REPO, Server, free_port, init_data_dir, wait_landed
 
 pytestmark = pytest.mark.integration
 
@@ -87,12 +88,7 @@ class Env:
     config: Path
 
     def run_pass(self) -> None:
-        mallard(
-            "pipeline",
-            "run",
-            data_dir=self.server.data_dir,
-            env={"MALLARD_CONFIG_DIR": str(self.config)},
-        )
+        pipeline_pass(self.server.data_dir, {"MALLARD_CONFIG_DIR": str(self.config)})
 
     def track(self, body: dict[str, Any]) -> str:
         r = self.server.post("track", body)
