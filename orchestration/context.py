@@ -17,6 +17,22 @@ REPO = Path(__file__).resolve().parents[1]
 DBT_DIR = REPO / "dbt_project"
 
 
+def dbt_project_args(target: Path, paths: DataPaths) -> list[str]:
+    """The arguments every dbt command of the orchestrator takes: the project, its profile,
+    the target dir it writes to, the data dir's dbt logs, and a quiet console."""
+    return [
+        "--project-dir",
+        str(DBT_DIR),
+        "--profiles-dir",
+        str(DBT_DIR),
+        "--target-path",
+        str(target),
+        "--log-path",
+        str(paths.dbt_logs),
+        "--quiet",
+    ]
+
+
 def data_paths() -> DataPaths:
     """The data dir of a process started without one (the Dagster webserver and daemon load
     orchestration/definitions.py): MALLARD_DATA_DIR, else the settings' default. Read once, when

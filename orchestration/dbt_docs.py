@@ -12,8 +12,8 @@ from typing import Any
 from mallard.distributed import storage
 from mallard.paths import DataPaths
 from mallard.warehouse import ensure_extensions
-from orchestration.context import DBT_DIR
-from orchestration.environment import dbt_environment
+from orchestration.context import dbt_project_args
+from orchestration.environment import dbt_env
 
 # What the site is made of: dbt's single-page app and the two documents it fetches beside it.
 SITE = ("index.html", "manifest.json", "catalog.json")
@@ -28,28 +28,13 @@ def generate(paths: DataPaths) -> Path:
     `paths.dbt_docs`; raises on a dbt failure. dbt's telemetry is off (DO_NOT_TRACK in
     dbt_env), which also leaves the manifest's `send_anonymous_usage_stats` false: the page
     then loads no tracker from a CDN."""
-    from dbt.cli.main import dbtRunner
+    from orchestration.dbt_in_process import run_dbt
 
     ensure_extensions(paths)  # the profile loads ducklake and sqlite from the data dir
     target = paths.dbt_docs
     target.mkdir(parents=True, exist_ok=True)
-    common = [
-        "--project-dir",
-        str(DBT_DIR),
-        "--profiles-dir",
-        str(DBT_DIR),
-        "--target-path",
-        str(target),
-        "--log-path",
-        str(paths.dbt_logs),
-        "--quiet",
-    ]
-    runner = dbtRunner()
-    with dbt_environment(paths, READ_ONLY):
-        for args in (["parse"], ["docs", "generate", "--no-compile"]):
-            result = runner.invoke([*args, *common])
-            if not result.success:
-                raise RuntimeError(f"dbt {' '.join(args)} failed: {result.exception or ''}")
+    for args in (["parse"], ["docs", "generate", "--no-compile"]):
+        run_dbt([*args, *dbt_project_args(target, paths)], {**dbt_env(paths), **READ_ONLY})
     return target
 
 

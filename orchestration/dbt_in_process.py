@@ -104,8 +104,9 @@ class DbtThread:
 def run_dbt(args: list[str], extra: dict[str, str]) -> None:
     """`dbt <args>` on this thread with `extra` set in the environment (dbt's settings and the
     project's variables), one in-process dbt command at a time; a failure raises `DbtFailed`
-    with dbt's error lines. What `ensure_manifest` parses with, where a `dbt` subprocess
-    would first pay for starting Python and importing dbt again."""
+    with dbt's error lines. What `ensure_manifest` parses with and `mallard docs` generates
+    the site with, where a `dbt` subprocess would first pay for starting Python and importing
+    dbt again."""
     errors: list[str] = []
 
     def keep_errors(line: bytes) -> None:

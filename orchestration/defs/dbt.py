@@ -26,7 +26,7 @@ from packaging import version
 
 from mallard.paths import DataPaths
 from mallard.settings import get_settings
-from orchestration.context import DBT_DIR, yield_cpu_to_readers
+from orchestration.context import DBT_DIR, dbt_project_args, yield_cpu_to_readers
 from orchestration.dbt_in_process import in_process_dbt, run_dbt
 from orchestration.defs.checks import MART_CHECK_KEYS
 from orchestration.environment import dbt_env, dbt_environment
@@ -76,18 +76,7 @@ def ensure_manifest(paths: DataPaths) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if manifest.exists() and manifest.stat().st_mtime >= _newest_source_mtime():
             return manifest
-        args = [
-            "parse",
-            "--project-dir",
-            str(DBT_DIR),
-            "--profiles-dir",
-            str(DBT_DIR),
-            "--target-path",
-            str(target),
-            "--log-path",
-            str(paths.dbt_logs),
-            "--quiet",
-        ]
+        args = ["parse", *dbt_project_args(target, paths)]
         if get_settings().dbt_in_process:  # dbt is imported here already (dagster-dbt's)
             run_dbt(args, dbt_env(paths))
         else:
