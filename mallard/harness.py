@@ -299,6 +299,25 @@ class Server:
     def get(self, path: str, **kw: Any) -> httpx.Response:
         return httpx.get(f"{self.base}/{path}", headers=self.headers, timeout=30, **kw)
 
+    def wait_regulation(self, regulation_id: str, timeout: float = 300) -> dict[str, Any]:
+        """The regulation's resource once it is finished or failed. Not done in time: an error
+        with the end of the data dir's run log (`run/regulations.log`), which every run of a
+        regulation writes to, so a stuck or slow step is named in the failure."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            r = self.get(f"regulations/{regulation_id}")
+            assert r.status_code == 200, r.text
+            body: dict[str, Any] = r.json()
+            if body["status"] in ("finished", "failed"):
+                return body
+            time.sleep(0.3)
+        log = self.data_dir / "run" / "regulations.log"
+        tail = log.read_text(errors="replace")[-6000:] if log.exists() else "(no run log)"
+        raise AssertionError(
+            f"regulation {regulation_id} not done after {timeout:.0f} s ({body['status']});"
+            f" the end of {log}:\n{tail}"
+        )
+
 
 if __name__ == "__main__":
     _serve_passes(int(sys.argv[1]))

@@ -457,17 +457,24 @@ def run_regulation(data_dir: Path, regulation_id: str) -> Regulation:
     store = RegulationStore(paths)
     if store.get(regulation_id) is None:
         raise KeyError(regulation_id)
-    with (
-        regulations_lock(paths),
-        dg.DagsterInstance.from_config(str(paths.dagster_home)) as instance,
-    ):
-        result = regulation.execute_in_process(
-            run_config=run_config(regulation_id),
-            instance=instance,
-            resources={"lake": LakeResource(data_dir=str(paths.root))},
-            raise_on_error=False,
-            tags={LAUNCHED_BY: "mallard regulations run", "regulation": regulation_id},
-        )
+    try:
+        with (
+            regulations_lock(paths),
+            dg.DagsterInstance.from_config(str(paths.dagster_home)) as instance,
+        ):
+            result = regulation.execute_in_process(
+                run_config=run_config(regulation_id),
+                instance=instance,
+                resources={"lake": LakeResource(data_dir=str(paths.root))},
+                raise_on_error=False,
+                tags={LAUNCHED_BY: "mallard regulations run", "regulation": regulation_id},
+            )
+    except Exception as e:
+        # Outside the job's steps (the instance, its storage, the lock): the regulation fails
+        # with the error rather than stay `running` with no run behind it. A signal that ends
+        # the process (not an Exception) leaves it running, for `resume` to start again.
+        store.fail(regulation_id, f"the run stopped: {type(e).__name__}: {e}")
+        raise
     reg = store.get(regulation_id)
     assert reg is not None
     if not result.success and reg.status != "failed":

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,18 +37,6 @@ USERS: dict[str, dict[str, Any]] = {
     NEIGHBOUR: {"email": f"nb-{U}@example.test"},
     OTHER: {"email": f"other-{U}@example.test"},
 }
-
-
-def _wait_finished(env: PrefsEnv, reg_id: str, timeout: float = 300) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        r = env.server.get(f"regulations/{reg_id}")
-        assert r.status_code == 200, r.text
-        body: dict[str, Any] = r.json()
-        if body["status"] in ("finished", "failed"):
-            return body
-        time.sleep(0.5)
-    raise AssertionError(f"regulation {reg_id} not done after {timeout}s")
 
 
 def _file(env: PrefsEnv, kind: str, ids: list[str]) -> str:
@@ -197,7 +184,7 @@ def before(env: PrefsEnv) -> dict[str, Any]:
     meta = env.server.get(f"profiles/userId:{SUBJECT}/meta").json()
     first = env.server.get(f"profiles/userId:{SUBJECT}/events", params={"size": 1}).json()
     assert first["data"] and first["scrollId"]
-    access = _wait_finished(env, _file(env, "ACCESS", [SUBJECT]))
+    access = env.server.wait_regulation(_file(env, "ACCESS", [SUBJECT]))
     assert access["status"] == "finished", access
     paths = DataPaths(env.server.data_dir)
     landed = _landing_event_ids(env.server.data_dir)
@@ -241,7 +228,7 @@ def deleted(env: PrefsEnv, before: dict[str, Any]) -> dict[str, Any]:
         "regulations", {"regulationType": "DELETE", "subject": {"type": "USER_ID", "ids": [OTHER]}}
     )
     assert r.status_code == 400 and "subject.ids" in r.text, r.text
-    done = _wait_finished(env, _file(env, "SUPPRESS_WITH_DELETE", [SUBJECT]))
+    done = env.server.wait_regulation(_file(env, "SUPPRESS_WITH_DELETE", [SUBJECT]))
     assert done["status"] == "finished", done
     return done
 

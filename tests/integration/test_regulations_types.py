@@ -87,15 +87,10 @@ def _file(srv: Server, kind: str, user: str) -> str:
     return str(r.json()["regulationId"])
 
 
-def _finished(srv: Server, reg_id: str, timeout: float = 240) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        body: dict[str, Any] = srv.get(f"regulations/{reg_id}").json()
-        if body["status"] in ("finished", "failed"):
-            assert body["status"] == "finished", body
-            return body
-        time.sleep(0.3)
-    raise AssertionError(f"{reg_id} not finished in {timeout}s")
+def _finished(srv: Server, reg_id: str) -> dict[str, Any]:
+    body = srv.wait_regulation(reg_id)
+    assert body["status"] == "finished", body
+    return body
 
 
 def _landed_rows(srv: Server, **match: str) -> int:
