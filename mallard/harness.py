@@ -301,8 +301,9 @@ class Server:
 
     def wait_regulation(self, regulation_id: str, timeout: float = 300) -> dict[str, Any]:
         """The regulation's resource once it is finished or failed. Not done in time: an error
-        with the end of the data dir's run log (`run/regulations.log`), which every run of a
-        regulation writes to, so a stuck or slow step is named in the failure."""
+        with the end of the data dir's run log (`run/regulations.log`), where every run of a
+        regulation writes each step it finished and, asked here, the stacks of a run still
+        live, so a stuck or slow step is named in the failure."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             r = self.get(f"regulations/{regulation_id}")
@@ -311,8 +312,16 @@ class Server:
             if body["status"] in ("finished", "failed"):
                 return body
             time.sleep(0.3)
-        log = self.data_dir / "run" / "regulations.log"
-        tail = log.read_text(errors="replace")[-6000:] if log.exists() else "(no run log)"
+        from mallard.paths import DataPaths
+        from mallard.regulation_runs import log_path, pid_path
+
+        paths = DataPaths(self.data_dir)
+        with contextlib.suppress(OSError, ValueError):
+            # Every mallard command dumps its threads' stacks to its log on SIGUSR1.
+            os.kill(int(pid_path(paths, regulation_id).read_text()), signal.SIGUSR1)
+            time.sleep(1)
+        log = log_path(paths)
+        tail = log.read_text(errors="replace")[-12000:] if log.exists() else "(no run log)"
         raise AssertionError(
             f"regulation {regulation_id} not done after {timeout:.0f} s ({body['status']});"
             f" the end of {log}:\n{tail}"

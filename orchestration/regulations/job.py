@@ -83,9 +83,13 @@ def _record(store: RegulationStore, reg_id: str, **evidence: Any) -> dict[str, A
 _LATEST = {"rowsRemainingTotal", "bytesFoundTotal", "sharedIdentifiersKept"}
 
 
-def _done(step: str) -> None:
-    """Where a step's work is done: with MALLARD_FAULT_KILL_AT naming the step, the process
-    kills itself here, as a crash or an operator's kill would leave it."""
+def _done(step: str, regulation_id: str) -> None:
+    """Where a step's work is done: a line in the run's output (run/regulations.log for runs
+    the server starts), so the log shows how far a run got and how long each step took; with
+    MALLARD_FAULT_KILL_AT naming the step, the process kills itself here, as a crash or an
+    operator's kill would leave it."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    print(f"{stamp} regulation {regulation_id}: {step} done", flush=True)
     if get_settings().fault_kill_at == step:
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -138,7 +142,7 @@ def catch_up(context: dg.OpExecutionContext, config: RegulationRun, lake: LakeRe
         return
     waited = purge.wait_for_logs(lake.paths, reg.created_at)
     context.log.info(f"{waited} log segments landed; {_pass(lake.paths, reg, 'catch up')}")
-    _done("catch_up")
+    _done("catch_up", config.regulation_id)
 
 
 @dg.op(
@@ -178,7 +182,7 @@ def resolve(context: dg.OpExecutionContext, config: RegulationRun, lake: LakeRes
             conn.close()
         for user_id, anon in tied.items():
             added += store.tie(reg.account_id, user_id, anon, reg.regulation_id)
-    _done("resolve")
+    _done("resolve", config.regulation_id)
     context.log.info(
         f"{len(subject.customer_ids)} customers, {len(subject.anonymous_ids)} anonymousIds, "
         f"{len(subject.message_ids)} messages; {added} list entries added"
@@ -241,7 +245,7 @@ def purge_rows(context: dg.OpExecutionContext, config: RegulationRun, lake: Lake
         conn.close()
     result = purge.purge_lake(lake.paths, subject, others)
     _record(store, reg.regulation_id, tombstones=buried, **result.to_json())
-    _done("purge_rows")
+    _done("purge_rows", config.regulation_id)
     context.log.info(
         f"{sum(result.rows_deleted.values())} rows deleted from {len(result.rows_deleted)} "
         f"tables; {result.restated_customers} customers sharing an anonymousId restated"
@@ -258,7 +262,7 @@ def rebuild(
     if reg is None or not restated:
         return
     context.log.info(_pass(lake.paths, reg, "rebuild restated customers"))
-    _done("rebuild")
+    _done("rebuild", config.regulation_id)
 
 
 @dg.op(
@@ -274,7 +278,7 @@ def purge_landing(
         return
     files, rows = purge.purge_landing(lake.paths, _subject(reg))
     _record(store, reg.regulation_id, landingFilesRewritten=files, landingRowsRemoved=rows)
-    _done("purge_landing")
+    _done("purge_landing", config.regulation_id)
     context.log.info(f"{files} landing files rewritten, {rows} rows removed")
 
 
@@ -291,7 +295,7 @@ def purge_files(context: dg.OpExecutionContext, config: RegulationRun, lake: Lak
         return
     result = purge.purge_lake_files(lake.paths, _subject(reg))
     _record(store, reg.regulation_id, **result.to_json())
-    _done("purge_files")
+    _done("purge_files", config.regulation_id)
     context.log.info(str(result.to_json()))
 
 
@@ -320,7 +324,7 @@ def purge_side_stores(
         metricsLines=metrics,
         accessZipsRemoved=zips,
     )
-    _done("purge_side_stores")
+    _done("purge_side_stores", config.regulation_id)
     context.log.info(
         f"journal {journal} rows, metrics {metrics} lines, {zips} Access zips, outbox {outbox}"
     )
@@ -384,7 +388,7 @@ def verify_and_finish(
     # regulation shows finished.
     Generation(paths.purge_generation).bump()
     store.forget(reg.account_id, subject.user_ids)
-    _done("forget")
+    _done("forget", config.regulation_id)
     store.finish(reg.regulation_id, outcome=_outcome(reg), evidence=evidence)
     store.compact()
     left = verify.bytes_found(paths, strings, only=store_files)

@@ -19,7 +19,7 @@ def test_a_run_that_cannot_open_its_instance_fails_the_regulation(tmp_path: Path
     store = RegulationStore(paths)
     reg = store.file("demo", "demo", "DEMO", "SUPPRESS", ["u1"], {"u1": []})
     paths.dagster_home.mkdir(parents=True)
-    # The instance keeps its runs in a directory `history` under DAGSTER_HOME: a file there stops it.
+    # The instance keeps its runs in the directory `history` of DAGSTER_HOME: a file stops it.
     (paths.dagster_home / "history").write_text("not a directory")
 
     with pytest.raises(Exception) as raised:
