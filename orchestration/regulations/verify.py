@@ -24,8 +24,11 @@ from mallard import landing
 from mallard.distributed import storage
 from mallard.paths import DataPaths
 from mallard.warehouse import files_connection
+from orchestration.context import DBT_DIR
 from orchestration.regulations.subjects import lake_tables
 
+# Folders of a dbt project that dbt writes (when run there), not the project's source.
+_DBT_OUTPUT = {"target", "logs", "dbt_packages"}
 # Column types whose values can hold an identifier as text.
 _TEXT_TYPES = ("VARCHAR", "JSON")
 
@@ -158,10 +161,13 @@ def bytes_found(
     `only`: just these files."""
     if not strings:
         return {}
-    alternatives = b"|".join(
-        re.escape(s.encode()) for s in sorted(set(strings), key=len, reverse=True)
-    )
-    pattern = re.compile(b"(?<![A-Za-z0-9])(?:" + alternatives + b")(?![A-Za-z0-9])")
+    pattern = _token_pattern(strings)
+    # What dbt writes from the project (target, docs site, logs) holds the project's own text,
+    # its unit tests' fixture rows among it: an identifier the project's source holds (a user
+    # `u1` of a fixture) is not searched there, every other one is.
+    dbt_dir = paths.dbt_target.parent
+    not_in_project = [s for s in strings if not _in_project(s)]
+    dbt_pattern = _token_pattern(not_in_project) if not_in_project else None
     skipped = {p.resolve() for p in skip}
     found: dict[str, int] = {}
     for path in sorted(paths.root.rglob("*") if only is None else only):
@@ -173,13 +179,36 @@ def bytes_found(
             or path.resolve() in skipped
         ):
             continue
-        # A SQLite file's values are read (adjacent values run together in its pages), and its
-        # bytes searched too (free pages).
-        n = (_sqlite_values(path, strings) or 0) if _is_sqlite(path) else 0
-        n += _count_in_file(path, pattern)
+        if dbt_dir in path.parents:
+            n = _count_in_file(path, dbt_pattern) if dbt_pattern else 0
+        else:
+            # A SQLite file's values are read (adjacent values run together in its pages), and
+            # its bytes searched too (free pages).
+            n = (_sqlite_values(path, strings) or 0) if _is_sqlite(path) else 0
+            n += _count_in_file(path, pattern)
         if n:
             found[str(path.relative_to(paths.root))] = n
     return found
+
+
+def _token_pattern(strings: Iterable[str]) -> re.Pattern[bytes]:
+    """Any of the strings, not next to a letter or digit."""
+    alternatives = b"|".join(
+        re.escape(s.encode()) for s in sorted(set(strings), key=len, reverse=True)
+    )
+    return re.compile(b"(?<![A-Za-z0-9])(?:" + alternatives + b")(?![A-Za-z0-9])")
+
+
+def _in_project(string: str) -> bool:
+    """Whether a source file of the dbt project (models, tests, macros, seeds, its YAML) holds
+    the string as a token."""
+    pattern = _token_pattern([string])
+    return any(
+        _count_in_file(f, pattern)
+        for f in DBT_DIR.rglob("*")
+        if f.is_file()
+        and not {"target", "logs", "dbt_packages"} & set(f.relative_to(DBT_DIR).parts)
+    )
 
 
 def _is_sqlite(path: Path) -> bool:

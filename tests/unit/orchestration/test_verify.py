@@ -1,0 +1,33 @@
+"""The Delete's search of the data dir's bytes: an identifier is found as a token, anywhere in
+the data dir; in what dbt writes from the project (compiled unit tests carry their fixture rows)
+only when the project's own source does not hold it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mallard.paths import DataPaths
+from orchestration.context import DBT_DIR
+from orchestration.regulations.verify import bytes_found
+
+# A userId of the project's unit-test fixtures; a real user may have it too.
+FIXTURE_USER = "u1"
+
+
+def test_a_fixture_id_in_dbt_output_is_not_the_subject_but_elsewhere_it_is(tmp_path: Path) -> None:
+    assert (
+        f"user_id: {FIXTURE_USER}"
+        in (DBT_DIR / "models/intermediate/_intermediate.yml").read_text()
+    )
+    paths = DataPaths(tmp_path / "data")
+    compiled = paths.dbt_target / "compiled" / "mallard" / "int_identity_map.sql"
+    compiled.parent.mkdir(parents=True)
+    compiled.write_text(f"select '{FIXTURE_USER}' as user_id union all select 'subj-7f3a'")
+    (paths.dbt_target.parent / "logs").mkdir()
+    (paths.dbt_target.parent / "logs" / "dbt.log").write_text(f"given {FIXTURE_USER}")
+    (paths.root / "notes.txt").write_text(f"{FIXTURE_USER} and subj-7f3a, not u12 or xsubj-7f3a")
+
+    found = bytes_found(paths, [FIXTURE_USER, "subj-7f3a"])
+
+    assert found == {"dbt/target/compiled/mallard/int_identity_map.sql": 1, "notes.txt": 2}
+    assert bytes_found(paths, [FIXTURE_USER]) == {"notes.txt": 1}
