@@ -305,10 +305,11 @@ class Server:
         regulation writes each step it finished and, asked here, the stacks of a run still
         live, so a stuck or slow step is named in the failure."""
         deadline = time.monotonic() + timeout
+        body: dict[str, Any] = {"status": "not asked"}
         while time.monotonic() < deadline:
             r = self.get(f"regulations/{regulation_id}")
             assert r.status_code == 200, r.text
-            body: dict[str, Any] = r.json()
+            body = r.json()
             if body["status"] in ("finished", "failed"):
                 return body
             time.sleep(0.3)
