@@ -2,7 +2,10 @@
 latency at half the maximum load (once the roller has landed the log, before the batches). One
 run, one machine, loopback.
 
-    python -m bench.ingest [--full]
+    python -m bench.ingest [--full] [--workers N]
+
+--workers N serves with `mallard serve --workers N` (and the no-op endpoint with N processes
+too), batches on 4 connections per worker; its figures go to bench/results/ingest-workers<N>.json.
 
 Both servers are real subprocesses started the way users start them (`mallard serve` with
 fsync on; the no-op app with the same uvicorn settings); the load generator shares the machine.
@@ -107,7 +110,9 @@ def report_line(label: str, res: Result, per_request: int = 1) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.ingest")
     p.add_argument("--full", action="store_true")
+    p.add_argument("--workers", type=int, default=1, help="server processes on the port")
     args = p.parse_args(argv)
+    batch_conns = 4 * args.workers
     seconds = 30.0 if args.full else 8.0
     WORK.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=WORK))
@@ -122,12 +127,17 @@ def main(argv: list[str] | None = None) -> int:
     noop_log = work / "noop.log"
     with open(noop_log, "wb") as log:
         noop = subprocess.Popen(
-            [sys.executable, "-m", "bench.noop_app", "--port", str(noop_port)],
+            [
+                sys.executable,
+                *("-m", "bench.noop_app", "--port", str(noop_port)),
+                *("--workers", str(args.workers)),
+            ],
             cwd=REPO,
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-    server = Server(work / "data", free_port(), init_data_dir(work / "data"), env=SERVER_ENV)
+    env = {**SERVER_ENV, "MALLARD_SERVE_WORKERS": str(args.workers)}
+    server = Server(work / "data", free_port(), init_data_dir(work / "data"), env=env)
     try:
         wait_http(f"http://{HOST}:{noop_port}/health", noop, noop_log, 60)
         server.start()
@@ -159,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         half = r_single.rate / 2
         r_half = run(open_loop(HOST, server.port, durable_single, half, seconds))
         report_line(f"durable single at {half:,.0f} req/s ({drained:.1f} s to land)", r_half)
-        r_batch = run(closed_loop(HOST, server.port, durable_batch, 4, seconds))
+        r_batch = run(closed_loop(HOST, server.port, durable_batch, batch_conns, seconds))
         report_line("durable batch (100 per request)", r_batch, per_request=100)
         by_wrk: dict[str, tuple[float, int]] = {}
         if shutil.which("wrk"):
@@ -169,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             for label, port, reqs, n in (
                 ("no-op", noop_port, noop_paths, conns),
                 ("single", server.port, single_paths, conns),
-                ("batch", server.port, batch_paths, 4),
+                ("batch", server.port, batch_paths, batch_conns),
             ):
                 by_wrk[label] = wrk_rate(f"http://{HOST}:{port}", reqs, hdr, seconds, n, work)
                 print(f"wrk {label:<30} {by_wrk[label][0]:>12,.0f} req/s", flush=True)
@@ -218,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
     rows.append(row("non-200 answers", errors, "count", "0", errors == 0))
     write_result(
-        "ingest",
+        "ingest" if args.workers == 1 else f"ingest-workers{args.workers}",
         rows,
         {
             "durable, half load (open loop)": sample(r_half.latencies_ms),

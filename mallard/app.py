@@ -153,6 +153,8 @@ def health(request: Request) -> dict[str, Any]:
     return {
         "status": "ok",
         "dataDir": str(request.app.state.paths.root),
+        # Which collector (which worker of `mallard serve --workers N`) answered.
+        "collectorId": request.app.state.settings.collector_id,
         "readIndex": warehouse.index_status() if warehouse is not None else None,
     }
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mallard.paths import DataPaths
-from mallard.settings import get_settings
+from mallard.settings import Settings, get_settings
 from mallard.tenancy import ControlStore, Scope, TenancyError
 
 if TYPE_CHECKING:
@@ -104,26 +104,48 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not DataPaths(settings.data_dir).control_db.exists():
         print(f"{settings.data_dir} is not initialised: run `mallard init` first", file=sys.stderr)
         return 2
+    workers = settings.serve_workers if args.workers is None else args.workers
+    if workers < 1:
+        print(f"mallard serve: --workers must be 1 or more, not {workers}", file=sys.stderr)
+        return 2
+    if workers > 1 and args.worker is None:
+        from mallard.workers import supervise
+
+        _print_serving(settings, args, f" ({workers} workers)")
+        serve_args = ["--data-dir", str(settings.data_dir), "--host", args.host]
+        serve_args += ["--port", str(args.port), "--log-level", args.log_level]
+        return supervise(serve_args, workers, settings.collector_id)
     # A request thread waiting for the GIL gets it after at most this long (Python's default:
     # 5 ms): a short read (traits, ~1 ms) no longer waits 5 ms behind a long one (an events
     # page, the read index being built) that holds the GIL in Python code.
     sys.setswitchinterval(SERVE_SWITCH_INTERVAL_S)
+    options: dict[str, Any] = {
+        "host": args.host,
+        "port": args.port,
+        "log_level": args.log_level,
+        "access_log": False,
+        "timeout_graceful_shutdown": 10,
+        # uvicorn bounds neither the time nor the size of a request's head (httptools).
+        "http": head_guard(settings.limits.head_timeout_s, settings.limits.max_head_bytes),
+    }
+    if args.worker is None:
+        _print_serving(settings, args, "")
+        uvicorn.run(create_app(settings), **options)
+        return 0
+    # One of `--workers N` (mallard/workers.py): the port shared with the others.
+    from mallard.workers import reuseport_socket
+
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), **options))
+    server.run(sockets=[reuseport_socket(args.host, args.port)])
+    return 0 if server.started else 3  # uvicorn.run's exit code when start-up failed
+
+
+def _print_serving(settings: Settings, args: argparse.Namespace, how: str) -> None:
     base = f"http://{args.host}:{args.port}"
-    print(f"Mallard serving {settings.data_dir}", flush=True)
+    print(f"Mallard serving {settings.data_dir}{how}", flush=True)
     print(f"  ingestion + read API: {base}/track/<clientId>/<accountId>/<BRANDID>/v1/", flush=True)
     print(f"  tag, mobile, preferences: {base}/cdp/   health: {base}/health", flush=True)
     print(f"  OpenAPI: {base}/schema", flush=True)
-    uvicorn.run(
-        create_app(settings),
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        access_log=False,
-        timeout_graceful_shutdown=10,
-        # uvicorn bounds neither the time nor the size of a request's head (httptools).
-        http=head_guard(settings.limits.head_timeout_s, settings.limits.max_head_bytes),
-    )
-    return 0
 
 
 def cmd_pipeline_run(args: argparse.Namespace) -> int:
@@ -550,6 +572,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--log-level", default="warning")
+    s.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="server processes sharing the port, each its own collector"
+        " (default: $MALLARD_SERVE_WORKERS or 1)",
+    )
+    s.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     s.set_defaults(fn=cmd_serve)
 
     s = sub.add_parser("pipeline", help="run the pipeline")

@@ -44,6 +44,8 @@ class Settings:
     fsync: bool = True
     # Names this collector's log directory and landing files; unique per collector process.
     collector_id: str = "c0"
+    # `mallard serve`'s processes on its port (mallard/workers.py), each a collector of its own.
+    serve_workers: int = 1
     limits: Limits = field(default_factory=Limits)
     # Query parameter of the hosted preferences page that carries the subscription id.
     prefs_query_param: str = "s"
@@ -113,6 +115,7 @@ def get_settings() -> Settings:
         roll_max_bytes=int(_env("ROLL_MAX_BYTES", str(16 * 1024 * 1024))),
         fsync=_env("FSYNC", "1") not in ("0", "false", "no"),
         collector_id=_env("COLLECTOR_ID", "c0"),
+        serve_workers=int(_env("SERVE_WORKERS", "1")),
         limits=limits,
         prefs_query_param=_env("PREFS_QUERY_PARAM", "s"),
         pipeline_nice=int(_env("PIPELINE_NICE", "10")),
