@@ -9,14 +9,13 @@ and with --workers N as `mallard serve --workers N` serves: N processes on the p
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 
 import msgspec
 import uvicorn
 from litestar import Litestar, Request, get, post
 
-from mallard.workers import die_with_parent, reuseport_socket
+from mallard.workers import reuseport_socket, supervise
 
 _decode = msgspec.json.Decoder()
 
@@ -44,15 +43,9 @@ if __name__ == "__main__":
     if args.workers == 1 and not args.reuseport:
         uvicorn.run(app, **options)  # type: ignore[arg-type]
         sys.exit(0)
-    others = [
-        subprocess.Popen(
-            [sys.executable, "-m", "bench.noop_app", "--port", str(args.port), "--reuseport"],
-            preexec_fn=die_with_parent,
-        )
-        for _ in range(args.workers - 1)
-    ]
+    if not args.reuseport:  # N processes on the port, supervised as `mallard serve`'s are
+        one = [sys.executable, "-m", "bench.noop_app", "--port", str(args.port), "--reuseport"]
+        sys.exit(supervise([one] * args.workers))
     uvicorn.Server(uvicorn.Config(app, **options)).run(  # type: ignore[arg-type]
         sockets=[reuseport_socket("127.0.0.1", args.port)]
     )
-    for other in others:
-        other.terminate()

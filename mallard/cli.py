@@ -109,12 +109,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"mallard serve: --workers must be 1 or more, not {workers}", file=sys.stderr)
         return 2
     if workers > 1 and args.worker is None:
-        from mallard.workers import supervise
+        from mallard.workers import supervise_servers
 
         _print_serving(settings, args, f" ({workers} workers)")
         serve_args = ["--data-dir", str(settings.data_dir), "--host", args.host]
         serve_args += ["--port", str(args.port), "--log-level", args.log_level]
-        return supervise(serve_args, workers, settings.collector_id)
+        return supervise_servers(serve_args, workers, settings.collector_id)
     # A request thread waiting for the GIL gets it after at most this long (Python's default:
     # 5 ms): a short read (traits, ~1 ms) no longer waits 5 ms behind a long one (an events
     # page, the read index being built) that holds the GIL in Python code.
@@ -437,25 +437,19 @@ def _print_bytes(line: bytes) -> None:
 def _run_regulation(paths: DataPaths, store: RegulationStore, regulation_id: str) -> str:
     """Run a regulation in this process, unless a live run of it holds its lock; its status
     after."""
-    import time
-
-    from mallard.regulation_runs import run_lock
-
-    def say(what: str) -> None:
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        print(f"{stamp} regulation {regulation_id}: {what}", flush=True)
+    from mallard.regulation_runs import run_lock, say
 
     with run_lock(paths, regulation_id) as held:
         if not held:
-            say("a live run holds it; not run again")
+            say(regulation_id, "a live run holds it; not run again")
             return "running"
-        say(f"run started (pid {os.getpid()})")
+        say(regulation_id, f"run started (pid {os.getpid()})")
         from orchestration.regulations.job import run_regulation
 
         run_regulation(paths.root, regulation_id)
     reg = store.get(regulation_id)
     status, error = (reg.status, reg.error) if reg else ("gone", None)
-    say(f"run ended: {status}" + (f" ({error})" if error else ""))
+    say(regulation_id, f"run ended: {status}" + (f" ({error})" if error else ""))
     return status
 
 

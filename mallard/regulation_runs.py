@@ -29,6 +29,13 @@ LOG_NAME = "regulations.log"
 _ID = re.compile(r"^[0-9A-Za-z-]{1,64}$")
 
 
+def say(regulation_id: str, what: str) -> None:
+    """A line of a run's output (the runs' log for runs the server starts): time, regulation,
+    what happened."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    print(f"{stamp} regulation {regulation_id}: {what}", flush=True)
+
+
 def runs_dir(paths: DataPaths) -> Path:
     return paths.run_dir / "regulations"
 

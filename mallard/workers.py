@@ -23,7 +23,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import FrameType
 
 # prctl(2): the signal a process gets when its parent exits.
@@ -52,9 +52,22 @@ def die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
-def supervise(serve_args: Sequence[str], workers: int, base_collector_id: str) -> int:
-    """Run `mallard serve <serve_args> --worker i` for i in range(workers) until one exits or a
-    signal stops them; the exit code of the first worker to exit (0 when stopped by a signal)."""
+def supervise_servers(serve_args: Sequence[str], workers: int, base_collector_id: str) -> int:
+    """`mallard serve <serve_args> --worker i` for i in range(workers), each with its collector
+    id, under `supervise`."""
+    serve = [sys.executable, "-m", "mallard.cli", "serve", *serve_args, "--worker"]
+    return supervise(
+        [[*serve, str(i)] for i in range(workers)],
+        [{"MALLARD_COLLECTOR_ID": collector_id(base_collector_id, i)} for i in range(workers)],
+    )
+
+
+def supervise(
+    commands: Sequence[Sequence[str]], envs: Sequence[Mapping[str, str]] | None = None
+) -> int:
+    """Run each command (with this process's environment and its entry of `envs`) until one
+    exits or a signal stops them; the exit code of the first to exit (0 when stopped by a
+    signal)."""
     procs: list[subprocess.Popen[bytes]] = []
     stopping = False
 
@@ -67,11 +80,11 @@ def supervise(serve_args: Sequence[str], workers: int, base_collector_id: str) -
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        for i in range(workers):
+        for i, command in enumerate(commands):
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "mallard.cli", "serve", *serve_args, "--worker", str(i)],
-                    env={**os.environ, "MALLARD_COLLECTOR_ID": collector_id(base_collector_id, i)},
+                    command,
+                    env={**os.environ, **(envs[i] if envs else {})},
                     preexec_fn=die_with_parent,
                 )
             )

@@ -26,6 +26,7 @@ from typing import Any
 import dagster as dg
 
 from mallard.paths import DataPaths
+from mallard.regulation_runs import say
 from mallard.regulations import NO_TRACK, SUPPRESS, Generation, Regulation, RegulationStore
 from mallard.settings import get_settings
 from orchestration.locks import regulations_lock
@@ -88,8 +89,7 @@ def _done(step: str, regulation_id: str) -> None:
     the server starts), so the log shows how far a run got and how long each step took; with
     MALLARD_FAULT_KILL_AT naming the step, the process kills itself here, as a crash or an
     operator's kill would leave it."""
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    print(f"{stamp} regulation {regulation_id}: {step} done", flush=True)
+    say(regulation_id, f"{step} done")
     if get_settings().fault_kill_at == step:
         os.kill(os.getpid(), signal.SIGKILL)
 

@@ -10,6 +10,7 @@ digit. So the Delete of userId `12` is not failed by userId `123` (substrings wo
 
 from __future__ import annotations
 
+import functools
 import json
 import mmap
 import re
@@ -199,15 +200,15 @@ def _token_pattern(strings: Iterable[str]) -> re.Pattern[bytes]:
     return re.compile(b"(?<![A-Za-z0-9])(?:" + alternatives + b")(?![A-Za-z0-9])")
 
 
+@functools.cache
 def _in_project(string: str) -> bool:
     """Whether a source file of the dbt project (models, tests, macros, seeds, its YAML) holds
-    the string as a token."""
+    the string as a token (asked once a process: a Delete searches twice)."""
     pattern = _token_pattern([string])
     return any(
         _count_in_file(f, pattern)
         for f in DBT_DIR.rglob("*")
-        if f.is_file()
-        and not {"target", "logs", "dbt_packages"} & set(f.relative_to(DBT_DIR).parts)
+        if f.is_file() and not _DBT_OUTPUT & set(f.relative_to(DBT_DIR).parts)
     )
 
 
