@@ -15,6 +15,7 @@ import logging
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from mallard.body_deadline import BodyDeadline
 from mallard.config import apply_tenants
 from mallard.errors import MallardError, body_too_large, error_body, family_of
 from mallard.ids import new_id
+from mallard.passes import read_last_pass
 from mallard.paths import DataPaths
 from mallard.ratelimit import RateLimiter
 from mallard.regulation_runs import RegulationRuns
@@ -156,6 +158,8 @@ def health(request: Request) -> dict[str, Any]:
         # Which collector (which worker of `mallard serve --workers N`) answered.
         "collectorId": request.app.state.settings.collector_id,
         "readIndex": warehouse.index_status() if warehouse is not None else None,
+        # The last pipeline pass, whoever ran it: kind, when, ok or failed and why.
+        "lastPass": asdict(last) if (last := read_last_pass(request.app.state.paths)) else None,
     }
 
 

@@ -184,6 +184,25 @@ def cmd_pipeline_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pipeline_status(args: argparse.Namespace) -> int:
+    """The last pass's record; exits 1 when it failed, 2 when no pass has run."""
+    import dataclasses
+
+    from mallard.passes import read_last_pass
+    from orchestration.locks import watcher_pid
+
+    paths = _paths(args)
+    last = read_last_pass(paths)
+    watcher = watcher_pid(paths)
+    if args.json:
+        record = dataclasses.asdict(last) if last else None
+        print(json.dumps({"lastPass": record, "watcherPid": watcher}))
+    else:
+        print(last.line() if last else "no pass has run in this data dir")
+        print(f"watcher: {'pid ' + str(watcher) if watcher is not None else 'not running'}")
+    return 2 if last is None else (0 if last.ok else 1)
+
+
 def cmd_tokens(args: argparse.Namespace) -> int:
     control = ControlStore(_paths(args).control_db)
     if args.tokens_cmd == "create":
@@ -586,6 +605,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--poll", type=float, default=0.25, help="--watch: seconds between looks")
     r.set_defaults(fn=cmd_pipeline_run)
+    st = pipe.add_parser(
+        "status", parents=[common], help="the last pass (kind, when, ok or failed and why)"
+    )
+    st.add_argument("--json", action="store_true", help="the record as JSON")
+    st.set_defaults(fn=cmd_pipeline_status)
 
     s = sub.add_parser("tokens", help="auth tokens (shown once, stored hashed)")
     t = s.add_subparsers(dest="tokens_cmd", required=True)

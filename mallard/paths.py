@@ -112,5 +112,10 @@ class DataPaths:
         """PID files and logs of processes started by `make run`."""
         return self.root / "run"
 
+    @property
+    def last_pass(self) -> Path:
+        """The record of the last pipeline pass, whoever ran it (mallard/passes.py)."""
+        return self.run_dir / "last-pass.json"
+
     def landing_partition(self, date: str) -> Path:
         return self.landing_dir / f"date={date}"

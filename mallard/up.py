@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 
+from mallard.passes import PassRecord, read_last_pass
 from mallard.paths import DataPaths
 from mallard.processes import stop_groups
 
@@ -34,6 +35,19 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], what: str, timeout: floa
             pass
         time.sleep(0.2)
     raise SystemExit(f"{what} did not answer at {url} within {timeout:.0f}s")
+
+
+def _show_pass(paths: DataPaths, shown: PassRecord | None) -> PassRecord | None:
+    """Print a pass that failed, and the first that succeeds after failures, whoever ran it
+    (mallard/passes.py): a failing pipeline shows in the terminal `make run` holds."""
+    last = read_last_pass(paths)
+    if last is None or (shown is not None and last.pass_number == shown.pass_number):
+        return shown
+    if not last.ok:
+        print(("ERROR " if last.loud else "") + last.line(), file=sys.stderr, flush=True)
+    elif shown is not None and not shown.ok:
+        print(f"pipeline recovered: {last.line()}", flush=True)
+    return last
 
 
 class Terminated(Exception):
@@ -108,6 +122,7 @@ def up(data_dir: Path, port: int, dagster_port: int, mailbox_port: int = 1025) -
         pipe = subprocess.run([*mallard, "pipeline", "run"], env=env)
         if pipe.returncode:
             print("pipeline run failed; the server keeps running", file=sys.stderr)
+        shown = read_last_pass(paths)
         # Passes from here on run in one warm process as files land; the daemon's sensor and
         # schedules stand back while it runs (orchestration/locks.py, watcher_lock).
         start("pipeline-watch", [*mallard, "pipeline", "run", "--watch"])
@@ -155,6 +170,7 @@ Press Ctrl-C to stop.""",
         )
         while all(p.poll() is None for _, p in procs):
             time.sleep(1)
+            shown = _show_pass(paths, shown)
         dead = [n for n, p in procs if p.poll() is not None]
         print(f"stopped: {', '.join(dead)} exited; see {paths.run_dir}", file=sys.stderr)
         return 1

@@ -32,7 +32,7 @@ from orchestration.environment import dbt_environment
 # The dagster-dbt release whose `DbtCliInvocation.run` this module stands in for.
 CHECKED_AGAINST_DAGSTER_DBT = "0.29.27"
 _END = b""
-# One cli() at a time swaps the module's subprocess (one build at a time holds the build lock).
+# One cli() at a time swaps the module's subprocess (one build at a time: the writer's turn).
 _SWAP = threading.Lock()
 
 

@@ -1,8 +1,8 @@
 """Loading landing files into lake.raw.messages, each exactly once.
 
 The rows and the ledger entry of every file are written in one DuckLake transaction, so a crash
-mid-load leaves neither; a rerun loads the file then. One loader runs at a time (a file lock),
-because two concurrent appends would both commit.
+mid-load leaves neither; a rerun loads the file then. A load runs in the lake writer's turn
+(orchestration/locks.py): two concurrent appends of the same file would both commit.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from mallard import landing
 from mallard.distributed import storage
 from mallard.paths import DataPaths
 from mallard.regulations import existing_store, identifier_hash_sql
-from orchestration.locks import load_lock
+from orchestration.locks import lake_writer
 from orchestration.warehouse import lake_connection, retry_if_locked
 
 # Bounds the memory and the length of one transaction; the rest waits for the next pass.
@@ -128,7 +128,7 @@ def unloaded_files(paths: DataPaths) -> list[str]:
 
 def load_new_files(paths: DataPaths, *, fail_before_commit: bool = False) -> LoadResult:
     """Load every landing file not in the ledger. `fail_before_commit` is for crash tests."""
-    with load_lock(paths):
+    with lake_writer(paths):
         conn = lake_connection(paths)
         try:
             new = _unloaded(conn, paths)

@@ -1,11 +1,22 @@
-"""The locks between processes that write the lake: one loader, one writer of the models, and
-one pipeline watcher per data dir."""
+"""The locks between processes: one writer of the lake, one regulation's run, and one pipeline
+watcher per data dir.
+
+Every commit to the lake (a load, a dbt build, a health check's read of what the build wrote,
+compaction, maintenance, a Delete's purge) happens inside `lake_writer`. DuckLake keeps a
+catalog read transaction open from a transaction's first read to its commit, and a second
+writer that committed meanwhile fails the first one's commit (or, on some paths, both commit
+work that assumed the other's absence): so the lake has exactly one writer at a time, whoever
+runs it. The lock is held for a whole pass (orchestration/pipeline.py `run_pipeline`, and the
+pipeline job's `LakeWriterResource` for runs Dagster launches), so a pass's window, its load,
+its models and the checks of what it built see no other writer.
+"""
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
 import os
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -46,20 +57,64 @@ def _catalog_lock(name: str) -> Iterator[None]:
         conn.close()  # ends the session, which releases its advisory locks
 
 
-def load_lock(paths: DataPaths) -> AbstractContextManager[None]:
-    """One loader at a time: two concurrent appends of the same file would both commit."""
-    return _file_lock(paths, ".load.lock")
+class _Reentry:
+    """How deep the calling thread is in the writer's turn of each lake (by lock file): a pass
+    holds the turn and the steps it runs take it again (the load, the build, compaction), so
+    only the outermost acquisition takes the file lock."""
+
+    def __init__(self) -> None:
+        self.guard = threading.Lock()
+        self.locks: dict[Path, threading.RLock] = {}
+        self.depth: dict[Path, int] = {}
+
+    def lock_for(self, path: Path) -> threading.RLock:
+        with self.guard:
+            return self.locks.setdefault(path, threading.RLock())
 
 
-def build_lock(paths: DataPaths) -> AbstractContextManager[None]:
-    """One writer of the models at a time (a dbt build or maintenance): two would conflict on
-    commit."""
-    return _file_lock(paths, ".build.lock")
+_REENTRY = _Reentry()
+WRITER_LOCK = ".writer.lock"
+
+
+@contextmanager
+def lake_writer(paths: DataPaths) -> Iterator[None]:
+    """The writer's turn of the lake: one process, and in it one thread, commits to the lake at
+    a time. Re-entrant on the thread that holds it; other threads of the process wait as other
+    processes do. Released when the process dies (a flock; a PostgreSQL session lock in the
+    distributed topology), so a killed pass leaves no stale turn."""
+    key = paths.lake_dir / WRITER_LOCK
+    local = _REENTRY.lock_for(key)
+    with local:
+        if _REENTRY.depth.get(key, 0):
+            _REENTRY.depth[key] += 1
+            try:
+                yield
+            finally:
+                _REENTRY.depth[key] -= 1
+            return
+        with _file_lock(paths, WRITER_LOCK):
+            _REENTRY.depth[key] = 1
+            try:
+                yield
+            finally:
+                _REENTRY.depth[key] = 0
+
+
+def holds_lake_writer(paths: DataPaths) -> bool:
+    """Whether the calling thread holds the writer's turn of this lake."""
+    key = paths.lake_dir / WRITER_LOCK
+    local = _REENTRY.lock_for(key)
+    if not local.acquire(blocking=False):
+        return False
+    try:
+        return _REENTRY.depth.get(key, 0) > 0
+    finally:
+        local.release()
 
 
 def regulations_lock(paths: DataPaths) -> AbstractContextManager[None]:
-    """One regulation's job at a time: each runs passes and purges the lake, the landing files
-    and the catalog; a second one waits for the first to finish."""
+    """One regulation's job at a time: a Delete purges the lake, the landing files and the
+    catalog in several steps; a second regulation waits for the first to finish."""
     return _file_lock(paths, ".regulations.lock")
 
 

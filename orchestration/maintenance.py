@@ -3,7 +3,8 @@ files, expire old snapshots and delete the files nothing refers to any more.
 
 Every incremental pass deletes the changed customers' rows (DuckLake writes delete files) and
 inserts their new rows (a new small file per table). Left alone, reads slow down with every pass
-and the lake only grows. Two entry points, both under the build lock, so never during a dbt build:
+and the lake only grows. Two entry points, both in the lake writer's turn, so never during a
+dbt build:
 
 - `compact_fragmented`, after passes: only the tables with `compact_at_files` or more files that
   compaction would rewrite or merge. Passes slow down with fragmentation (at 10M messages, ~17
@@ -29,7 +30,7 @@ from mallard.settings import get_settings
 from mallard.warehouse import connect
 from orchestration.column_stats import complete_stats, metadata_sql
 from orchestration.folds import Fold, declared_folds, fold_candidates
-from orchestration.locks import build_lock
+from orchestration.locks import lake_writer
 from orchestration.warehouse import lake_connection
 
 # Snapshots are kept this long: time travel for analysts, and scrollIds, which pin the snapshot
@@ -132,7 +133,7 @@ def fragmented_tables(conn: duckdb.DuckDBPyConnection, at: int) -> list[tuple[st
 
 
 def needs_compaction(paths: DataPaths, at: int | None = None) -> list[tuple[str, str, int]]:
-    """The fragmented tables, read from the catalog without the build lock (for a sensor);
+    """The fragmented tables, read from the catalog without the writer's turn (for a sensor);
     none when compaction after passes is off (`compact_at_files` 0)."""
     at = get_settings().compact_at_files if at is None else at
     if at <= 0:
@@ -172,7 +173,7 @@ def compact_fragmented(
     """Compact the tables with `at` (default: settings' `compact_at_files`) or more compactable
     files, most fragmented first, starting no table once `slice_s` (default: settings'
     `compact_slice_s`; 0: no limit) has passed: at least one table a call, the others left
-    for the next. Checked again under the build lock: a compaction that ran meanwhile leaves
+    for the next. Checked again in the writer's turn: a compaction that ran meanwhile leaves
     nothing."""
     settings = get_settings()
     at = settings.compact_at_files if at is None else at
@@ -180,7 +181,7 @@ def compact_fragmented(
     started = time.perf_counter()
     if at <= 0:
         return CompactionResult([], 0, 0, 0.0)
-    with build_lock(paths):
+    with lake_writer(paths):
         conn = connect(paths)
         try:
             tables = fragmented_tables(conn, at)
@@ -207,8 +208,8 @@ _LEFTOVER_SUFFIXES = ("__dbt_tmp", "__dbt_backup")
 
 
 def _drop_leftovers(conn: duckdb.DuckDBPyConnection, tables: list[tuple[str, str]]) -> list[str]:
-    """Drop what an interrupted dbt build left (`x__dbt_backup`, `x__dbt_tmp`): under the build
-    lock no build is using them, and the next build would not drop them unless it replaced the
+    """Drop what an interrupted dbt build left (`x__dbt_backup`, `x__dbt_tmp`): in the writer's
+    turn no build is using them, and the next build would not drop them unless it replaced the
     table whole. Returns their names."""
     dropped = []
     for schema, table in tables:
@@ -219,7 +220,7 @@ def _drop_leftovers(conn: duckdb.DuckDBPyConnection, tables: list[tuple[str, str
 
 
 def maintain(paths: DataPaths, retention: timedelta = SNAPSHOT_RETENTION) -> MaintenanceResult:
-    with build_lock(paths):
+    with lake_writer(paths):
         conn = connect(paths)
         try:
             before = _live_files(conn)

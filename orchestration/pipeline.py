@@ -14,6 +14,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from mallard.passes import LOUD_AFTER
 from mallard.paths import DataPaths
 from orchestration.dbt_results import DbtTally, read_tally
 from orchestration.maintenance import needs_compaction
@@ -70,58 +71,82 @@ def run_pipeline(
     kind: PassKind = PassKind.FULL,
     begin: Callable[[PassKind], object] = lambda kind: None,
 ) -> list[StepResult]:
-    """One pass: full (every model, the marts' health checks, compaction when due, the dispatch),
-    served (the load and the models the read API serves) or rest (what a full pass does but the
-    load and the served models: orchestration/window.py PassKind), then the unfinished
-    regulations carried forward. The kind asked for is the one that runs if it can (pass_kind);
-    begin is called with it as the pass begins."""
+    """One pass, the one routine every actor runs (the watcher, `mallard pipeline run`, a
+    regulation's catch-up): full (every model, the marts' health checks, compaction when due,
+    the dispatch) or served (the load and the models the read API serves: orchestration/
+    window.py PassKind), then the unfinished regulations carried forward. The pass holds the
+    lake writer's turn (orchestration/locks.py) from choosing its kind and window to the end of
+    its compaction, so no other writer commits in between; the dispatch and the regulations
+    follow outside it. The kind asked for is the one that runs if it can (pass_kind); begin is
+    called with it as the pass begins. The pass is recorded as the data dir's last pass
+    (mallard/passes.py)."""
     from orchestration.defs import build_definitions
     from orchestration.defs.dbt import pass_subset
     from orchestration.defs.ingest import PIPELINE
+    from orchestration.locks import lake_writer
 
     paths = DataPaths(data_dir.resolve())
+    started = datetime.now(UTC)
     try:
         defs = build_definitions(paths.root)
     except Exception as e:  # a broken dbt project fails here, before any run
-        return [StepResult("definitions", False, f"{type(e).__name__}: {e}")]
-    kind = pass_kind(paths, kind)
-    begin(kind)
-    job = defs.resolve_job_def(PIPELINE)
-    if subset := pass_subset(paths, defs.resolve_asset_graph, kind):
-        assets, checks = subset
-        job = job.get_subset(asset_selection=assets, asset_check_selection=checks)
-    started = datetime.now(UTC)
+        steps = [StepResult("definitions", False, f"{type(e).__name__}: {e}")]
+        _record(paths, kind, launched_by, started, steps)
+        return steps
     log = paths.run_dir / "pipeline.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     # dbt's own progress lines go to a log file and the console is quiet: the CLI prints one
     # line per step; the UI keeps the full log.
     quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
-    tags = {LAUNCHED_BY: launched_by, PASS_KIND_TAG: kind.value}
     with (
         dg.DagsterInstance.from_config(str(paths.dagster_home)) as instance,
         open(log, "a") as out,
         redirect_stdout(out),
     ):
-        result = job.execute_in_process(
-            instance=instance, raise_on_error=False, run_config=quiet, tags=tags
-        )
-        steps = with_dbt_tally(summarize(result), read_tally(paths.dbt_target, started))
-        if kind in KIND_SUMMARY:
-            steps.insert(0, StepResult(kind.value, True, KIND_SUMMARY[kind]))
-        # What the fragmentation sensor does after the daemon's runs, done here after this one
-        # (recorded as a run of the compaction job): the next pass reads fewer files.
-        if kind.completes and result.success and needs_compaction(paths):
-            compacted = defs.resolve_job_def("compaction").execute_in_process(
+        with lake_writer(paths):
+            kind = pass_kind(paths, kind)
+            begin(kind)
+            job = defs.resolve_job_def(PIPELINE)
+            if subset := pass_subset(paths, defs.resolve_asset_graph, kind):
+                assets, checks = subset
+                job = job.get_subset(asset_selection=assets, asset_check_selection=checks)
+            tags = {LAUNCHED_BY: launched_by, PASS_KIND_TAG: kind.value}
+            result = job.execute_in_process(
                 instance=instance, raise_on_error=False, run_config=quiet, tags=tags
             )
-            steps += failed_steps(compacted) or [
-                StepResult("compact", True, compacted.output_for_node("compact_fragmented_tables"))
-            ]
+            steps = with_dbt_tally(summarize(result), read_tally(paths.dbt_target, started))
+            if kind in KIND_SUMMARY:
+                steps.insert(0, StepResult(kind.value, True, KIND_SUMMARY[kind]))
+            # What the fragmentation sensor does after the daemon's runs, done here after this
+            # one (recorded as a run of the compaction job): the next pass reads fewer files.
+            if kind.completes and result.success and needs_compaction(paths):
+                compacted = defs.resolve_job_def("compaction").execute_in_process(
+                    instance=instance, raise_on_error=False, run_config=quiet, tags=tags
+                )
+                steps += failed_steps(compacted) or [
+                    StepResult(
+                        "compact", True, compacted.output_for_node("compact_fragmented_tables")
+                    )
+                ]
+            _record(paths, kind, launched_by, started, steps)
         if kind.completes and result.success:
             steps.append(dispatch_step(paths))
     if not launched_by.startswith(BY_A_REGULATION):
         steps += regulations_step(paths)
     return steps
+
+
+def _record(
+    paths: DataPaths, kind: PassKind, launched_by: str, started: datetime, steps: list[StepResult]
+) -> None:
+    from mallard.passes import record_pass
+
+    failed = [s for s in steps if not s.ok]
+    error = f"{failed[0].name}: {failed[0].summary}" if failed else None
+    try:
+        record_pass(paths, kind.value, launched_by, started, error)
+    except OSError:  # the record is for people; a pass never fails for it
+        log.exception("the pass's record was not written")
 
 
 def regulations_step(paths: DataPaths) -> list[StepResult]:
@@ -264,7 +289,7 @@ def watch_pipeline(
     stop: threading.Event,
     report: Callable[[list[StepResult]], object],
     poll_s: float = 1.0,
-    retry_s: float = 30.0,
+    retry_s: float = 5.0,
     begin: Callable[[PassKind], object] = lambda kind: None,
     full_every_s: float | None = None,
 ) -> int:
@@ -279,7 +304,11 @@ def watch_pipeline(
     Dagster and the project are imported once, before the first files land, not per pass: at
     10M messages a pass of a few messages took a median of 24.4 s, against 30-32 s for a new
     process each (bench/freshness.py). Runs are recorded in the Dagster instance, launched by
-    `BY_THE_WATCHER`. A failed pass is retried after retry_s, or sooner when new files land.
+    `BY_THE_WATCHER`. A failed pass is retried with backoff (retry_s, doubled after each
+    failure in a row up to `MAX_RETRY_S`), or sooner when new files land; from the
+    `LOUD_AFTER`th failure in a row each is logged as an error. A full pass asked for
+    (`request_full_pass`, what a regulation does to have its filing time passed) runs at the
+    next look. On start, a data dir whose models already hold every landing file gets no pass.
     Holds the watcher lock throughout: while it runs, the daemon's sensors and schedule leave
     passes to it (raises WatcherRunning if another watcher of the data dir runs; see
     orchestration/defs/scheduling.py). Between passes, it dispatches when a journey's wait or
@@ -293,15 +322,19 @@ def watch_pipeline(
     paths = DataPaths(data_dir)
     with watcher_lock(paths):
         warm_up(data_dir)
-        cursor, again_at, passes = "", 0.0, 0
+        # Nothing to do for files the models already hold (a restart of a caught-up watcher).
+        cursor = landing_mark(paths) if models_current(paths) else ""
+        again_at, passes, failures = 0.0, 0, 0
         full_ended: float | None = None  # when the last full pass ended (monotonic)
         served_since_full = False
         while not stop.is_set():
             mark = landing_mark(paths)
-            full_due = full_ended is None or time.monotonic() - full_ended >= every
+            asked = take_full_pass_request(paths)
+            full_due = asked or full_ended is None or time.monotonic() - full_ended >= every
             landed = landed_since(mark, cursor)
             if (
                 landed
+                or asked
                 or (again_at and time.monotonic() >= again_at)
                 or (served_since_full and full_due)
             ):
@@ -322,15 +355,61 @@ def watch_pipeline(
                     if not all(step.ok for step in steps):
                         break
                 again_at = 0.0
+                failures = 0 if all(step.ok for step in steps) else failures + 1
+                if failures >= LOUD_AFTER:
+                    failed = next(step for step in steps if not step.ok)
+                    log.error(
+                        "%d pipeline passes in a row failed; the last: %s: %s",
+                        failures,
+                        failed.name,
+                        failed.summary,
+                    )
                 if any(step.again for step in steps):
                     again_at = time.monotonic()
                 elif not all(step.ok for step in steps if step.retry):
-                    again_at = time.monotonic() + retry_s
+                    again_at = time.monotonic() + min(retry_s * 2 ** (failures - 1), MAX_RETRY_S)
                 continue
             if dispatch_due_now(paths):
                 report([dispatch_step(paths)])
             stop.wait(poll_s)
     return passes
+
+
+# The longest wait before a failed pass is tried again.
+MAX_RETRY_S = 300.0
+
+
+def _request_file(paths: DataPaths) -> Path:
+    return paths.run_dir / "full-pass-requested"
+
+
+def request_full_pass(paths: DataPaths) -> None:
+    """Ask the running watcher for a full pass at its next look (it removes the request as the
+    pass begins)."""
+    paths.run_dir.mkdir(parents=True, exist_ok=True)
+    _request_file(paths).touch()
+
+
+def take_full_pass_request(paths: DataPaths) -> bool:
+    """Whether a full pass was asked for since the last look; the request is taken."""
+    try:
+        _request_file(paths).unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def models_current(paths: DataPaths) -> bool:
+    """Every landing file is loaded and the last full pass took every loaded message."""
+    from orchestration.load import unloaded_files
+    from orchestration.window import current_window
+
+    window = current_window(paths)
+    if window.loaded_after is None:
+        return False
+    if window.loaded_through is not None and window.loaded_through > window.loaded_after:
+        return False
+    return not unloaded_files(paths)
 
 
 def dispatch_due_now(paths: DataPaths) -> bool:

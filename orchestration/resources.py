@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 
@@ -21,10 +23,29 @@ class LakeResource(dg.ConfigurableResource):
     def paths(self) -> DataPaths:
         return DataPaths(Path(self.data_dir))
 
-    def build_lock(self) -> AbstractContextManager[None]:
-        """One writer of the models at a time (a dbt build or maintenance)."""
-        return locks.build_lock(self.paths)
+    def writer(self) -> AbstractContextManager[None]:
+        """The lake writer's turn (orchestration/locks.py): one writer of the lake at a time."""
+        return locks.lake_writer(self.paths)
 
     def watcher_pid(self) -> int | None:
         """The PID of the live pipeline watcher of this data dir, or None if none runs."""
         return locks.watcher_pid(self.paths)
+
+
+# The resource key of the writer's turn, which the pipeline job's steps require.
+WRITER = "writer"
+
+
+class LakeWriterResource(dg.ConfigurableResource):
+    """The lake writer's turn, held from a run's start to its end: what the pipeline job's
+    steps require, so a run Dagster launches (the daemon's sensor or schedule, the UI) loads,
+    builds and checks what it built with no other writer in between, as `run_pipeline` does
+    around the runs it executes (the turn is re-entrant there). The job runs its steps in one
+    process (in_process_executor), so the turn spans every step."""
+
+    data_dir: str
+
+    @contextmanager
+    def yield_for_execution(self, context: dg.InitResourceContext) -> Iterator[Any]:
+        with locks.lake_writer(DataPaths(Path(self.data_dir))):
+            yield self

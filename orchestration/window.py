@@ -139,9 +139,46 @@ def current_window(paths: DataPaths, kind: PassKind = PassKind.FULL) -> Window:
     return Window(after, through, kind)
 
 
+def full_pass_holds(paths: DataPaths, files: list[str], through: datetime | None = None) -> bool:
+    """Whether the last finished full pass took these landing files' messages and every message
+    loaded at or before `through`: the files are in the load ledger, and the pass's window ends
+    at or after their load and `through`. What a regulation waits for (a pass by whoever holds
+    the writer's turn), rather than running a pass of its own."""
+    conn = lake_connection(paths)
+    try:
+        finished = _finished_through(conn, PassKind.FULL)
+        if finished is None:
+            return False
+        loaded = dict(
+            conn.execute(
+                "select landing_file, max(loaded_at) from lake.raw.landing_files"
+                " where landing_file in (select unnest(?)) group by 1",
+                [files],
+            ).fetchall()
+        )
+    except duckdb.CatalogException:  # nothing loaded or built yet
+        return False
+    finally:
+        conn.close()
+    if len(loaded) < len(set(files)):
+        return False
+    need = [*loaded.values(), *([through] if through is not None else [])]
+    return not need or finished >= max(need)
+
+
+def newest_load(paths: DataPaths) -> datetime | None:
+    """The newest `loaded_at` of the stored messages (a Delete's restated messages are marked
+    loaded when it restates them)."""
+    conn = lake_connection(paths)
+    try:
+        return _scalar(conn, "select max(loaded_at) from lake.raw.messages", [])  # type: ignore[no-any-return]
+    finally:
+        conn.close()
+
+
 def open_pass(paths: DataPaths, window: Window) -> int:
     """Append the pass's window to the manifest, where the models read it; its pass id. Under
-    the build lock: one pass opens at a time."""
+    the writer's turn: one pass opens at a time."""
     conn = lake_connection(paths)
     try:
         conn.execute("begin")

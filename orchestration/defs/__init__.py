@@ -19,7 +19,7 @@ from orchestration.defs.maintenance import (
     maintenance_nightly,
 )
 from orchestration.regulations.job import regulation
-from orchestration.resources import LakeResource
+from orchestration.resources import WRITER, LakeResource, LakeWriterResource
 
 
 def build_definitions(data_dir: Path) -> dg.Definitions:
@@ -35,6 +35,8 @@ def build_definitions(data_dir: Path) -> dg.Definitions:
         description="Load new landing files, then build every dbt model and run its tests and the "
         "marts' health checks (a pass selects the checks of the tests it runs: "
         "orchestration/defs/dbt.py pass_subset).",
+        # Every step in one process, in one writer's turn of the lake (LakeWriterResource).
+        executor_def=dg.in_process_executor,
     )
     return dg.Definitions(
         assets=[raw_messages, dbt_models],
@@ -42,5 +44,9 @@ def build_definitions(data_dir: Path) -> dg.Definitions:
         jobs=[pipeline, maintenance, compaction, regulation, dispatch],
         sensors=[new_files_sensor(), fragmentation_sensor, dispatch_after_pass, dispatch_when_due],
         schedules=[backstop_schedule(), maintenance_nightly],
-        resources={"dbt": dbt_resource, "lake": LakeResource(data_dir=str(paths.root))},
+        resources={
+            "dbt": dbt_resource,
+            "lake": LakeResource(data_dir=str(paths.root)),
+            WRITER: LakeWriterResource(data_dir=str(paths.root)),
+        },
     )

@@ -14,7 +14,7 @@ from typing import Any
 import dagster as dg
 
 from orchestration.mart_checks import MAX_DUPLICATES_RATE, MAX_LAG_S, marts_health
-from orchestration.resources import LakeResource
+from orchestration.resources import LakeResource, LakeWriterResource
 
 # dagster-dbt keys a model by its schema and name.
 EVENTS = dg.AssetKey(["marts", "events"])
@@ -65,7 +65,10 @@ def with_freshness_policy(spec: dg.AssetSpec) -> dg.AssetSpec:
     specs=MART_CHECKS,
     description="The marts against the stored messages and the landing files, in one snapshot.",
 )
-def marts_health_checks(lake: LakeResource) -> Iterator[dg.AssetCheckResult]:
+def marts_health_checks(
+    lake: LakeResource, writer: LakeWriterResource
+) -> Iterator[dg.AssetCheckResult]:
+    """The checks read what the pass's build wrote, in the same writer's turn."""
     health = marts_health(lake.paths)
     if health is None:  # no pass has built the marts: nothing to hold them to yet
         for spec in MART_CHECKS:

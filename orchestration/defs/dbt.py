@@ -30,7 +30,7 @@ from orchestration.context import DBT_DIR, dbt_project_args, yield_cpu_to_reader
 from orchestration.dbt_in_process import in_process_dbt, run_dbt
 from orchestration.defs.checks import MART_CHECK_KEYS
 from orchestration.environment import dbt_env, dbt_environment
-from orchestration.resources import LakeResource
+from orchestration.resources import LakeResource, LakeWriterResource
 from orchestration.window import (
     LIGHT_TESTS,
     PASS_KIND_TAG,
@@ -161,12 +161,15 @@ def build_dbt_assets(paths: DataPaths) -> tuple[dg.AssetsDefinition, DbtCliResou
         dagster_dbt_translator=LayerTranslator(),
     )
     def dbt_models(
-        context: dg.AssetExecutionContext, dbt: DbtCliResource, lake: LakeResource
+        context: dg.AssetExecutionContext,
+        dbt: DbtCliResource,
+        lake: LakeResource,
+        writer: LakeWriterResource,
     ) -> Iterator[Any]:
         paths = lake.paths
         yield_cpu_to_readers()
         # One writer of the models at a time: two would conflict on commit.
-        with lake.build_lock(), dbt_environment(paths):
+        with lake.writer(), dbt_environment(paths):
             kind = PassKind(context.run.tags.get(PASS_KIND_TAG, PassKind.FULL))
             window = current_window(paths, kind)
             if window.kind is not kind:  # the launcher checks first (orchestration/pipeline.py)

@@ -9,7 +9,7 @@ import dagster as dg
 from orchestration.defs.dbt import pass_subset
 from orchestration.defs.scheduling import daemon_stands_back
 from orchestration.load import landed_since, landing_mark, load_new_files
-from orchestration.resources import LakeResource
+from orchestration.resources import LakeResource, LakeWriterResource
 
 PIPELINE = "pipeline"
 
@@ -28,7 +28,9 @@ ACTIVE_RUN_STATUSES = [
     compute_kind="duckdb",
     description="Every landing file loaded exactly once (rows + ledger in one transaction).",
 )
-def raw_messages(context: dg.AssetExecutionContext, lake: LakeResource) -> dg.MaterializeResult:
+def raw_messages(
+    context: dg.AssetExecutionContext, lake: LakeResource, writer: LakeWriterResource
+) -> dg.MaterializeResult:
     result = load_new_files(lake.paths)
     context.log.info(result.summary)
     return dg.MaterializeResult(

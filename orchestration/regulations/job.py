@@ -4,7 +4,8 @@ idempotent, so a run killed at any step and run again ends in the same state.
 
 Steps (those that do not apply to a regulation's type skip):
 - catch_up: wait until the collectors' logs hold nothing received before the regulation, then
-  run a pass, so the models know every identifier of the subject;
+  until a full pass (the watcher's, or one run here in the lake writer's turn when no watcher
+  runs) has taken them, so the models know every identifier of the subject;
 - resolve: the subject's identifiers from the models (kept, plain, in the store while the run
   lasts); Suppress and NoTrack add the anonymousIds found to the collectors' lists;
 - export_access: ACCESS writes the zip;
@@ -19,12 +20,13 @@ No op logs or returns an identifier: Dagster's event log is a file of the data d
 import os
 import signal
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
+from mallard.passes import read_last_pass
 from mallard.paths import DataPaths
 from mallard.regulation_runs import say
 from mallard.regulations import NO_TRACK, SUPPRESS, Generation, Regulation, RegulationStore
@@ -104,36 +106,52 @@ def _needs_models(reg: Regulation) -> bool:
     )
 
 
-def _models_current(paths: DataPaths) -> bool:
-    """Every landing file is loaded and the last finished pass took every loaded message."""
-    from orchestration.load import unloaded_files
-    from orchestration.window import current_window
-
-    window = current_window(paths)
-    if window.loaded_after is None:
-        return False
-    if window.loaded_through is not None and window.loaded_through > window.loaded_after:
-        return False
-    return not unloaded_files(paths)
+# How long a regulation waits for the pipeline to pass its filing time before it fails, saying
+# why (the last pass's record): a watcher whose passes keep failing must not hold it forever.
+PASS_WAIT_S = 900.0
 
 
-def _pass(paths: DataPaths, reg: Regulation, why: str) -> str:
-    """A pass (recorded as a run of the pipeline job), unless the models are current."""
-    from orchestration.pipeline import BY_A_REGULATION, run_pipeline
+def _pass(paths: DataPaths, reg: Regulation, why: str, through: datetime | None = None) -> str:
+    """Wait until a full pass has taken every message the regulation needs (the landing files
+    there now, and the messages loaded at or before `through`). A regulation runs no pass kind
+    of its own: with a pipeline watcher running, it asks the watcher for a full pass and waits
+    for it; with none, it takes the lake writer's turn and runs the pass routine here (the same
+    `run_pipeline` every actor runs)."""
+    from orchestration.load import landing_files
+    from orchestration.locks import watcher_pid
+    from orchestration.pipeline import BY_A_REGULATION, request_full_pass, run_pipeline
+    from orchestration.window import full_pass_holds
 
-    if _models_current(paths):
-        return "the models are current: no pass needed"
-
-    steps = run_pipeline(paths.root, launched_by=f"{BY_A_REGULATION}{reg.regulation_id} ({why})")
-    failed = [s for s in steps if not s.ok]
-    if failed:
-        raise dg.Failure(f"the pass failed: {failed[0].name}: {failed[0].summary}")
-    return "; ".join(f"{s.name}: {s.summary}" for s in steps)
+    files = landing_files(paths)
+    deadline = time.monotonic() + PASS_WAIT_S
+    asked = False
+    while not full_pass_holds(paths, files, through):
+        if time.monotonic() > deadline:
+            last = read_last_pass(paths)
+            raise dg.Failure(
+                f"no full pass took the regulation's messages within {PASS_WAIT_S:.0f} s"
+                + (f"; {last.line()}" if last else "")
+            )
+        if watcher_pid(paths) is not None:
+            if not asked:
+                request_full_pass(paths)
+                asked = True
+            time.sleep(0.5)
+            continue
+        steps = run_pipeline(
+            paths.root, launched_by=f"{BY_A_REGULATION}{reg.regulation_id} ({why})"
+        )
+        failed = [s for s in steps if not s.ok]
+        if failed:
+            raise dg.Failure(f"the pass failed: {failed[0].name}: {failed[0].summary}")
+        asked = False
+    return f"a full pass holds the messages ({why})"
 
 
 @dg.op(
     description="Wait until the collectors' logs hold nothing received before the "
-    "regulation, then run a pass so the models know every identifier of the subject."
+    "regulation, then until a full pass has taken them, so the models know every identifier "
+    "of the subject."
 )
 def catch_up(context: dg.OpExecutionContext, config: RegulationRun, lake: LakeResource) -> None:
     store = _store(lake)
@@ -253,7 +271,7 @@ def purge_rows(context: dg.OpExecutionContext, config: RegulationRun, lake: Lake
     return result.restated_messages
 
 
-@dg.op(description="Delete: a pass, which rebuilds the customers the purge restated.")
+@dg.op(description="Delete: wait for a full pass, which rebuilds the customers the purge restated.")
 def rebuild(
     context: dg.OpExecutionContext, config: RegulationRun, lake: LakeResource, restated: int
 ) -> None:
@@ -261,7 +279,10 @@ def rebuild(
     reg = _deleting(store, config)
     if reg is None or not restated:
         return
-    context.log.info(_pass(lake.paths, reg, "rebuild restated customers"))
+    from orchestration.window import newest_load
+
+    through = newest_load(lake.paths)
+    context.log.info(_pass(lake.paths, reg, "rebuild restated customers", through))
     _done("rebuild", config.regulation_id)
 
 

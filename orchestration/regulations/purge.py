@@ -45,7 +45,7 @@ from mallard.paths import DataPaths
 from mallard.regulations import ANONYMOUS, MESSAGE, USER, RegulationStore
 from mallard.warehouse import files_connection
 from orchestration.column_stats import metadata_sql
-from orchestration.locks import build_lock, load_lock
+from orchestration.locks import lake_writer
 from orchestration.regulations.subjects import Subject, count, selection, selections
 from orchestration.warehouse import lake_connection
 
@@ -135,8 +135,8 @@ class LakePurge:
 def purge_lake(paths: DataPaths, subject: Subject, others: Subject | None) -> LakePurge:
     """Delete the subject's rows from every base table, and the derived rows of `others` (the
     customers sharing an anonymousId) with their raw messages marked loaded now, in one
-    transaction under the load and build locks (no pass or load runs meanwhile)."""
-    with load_lock(paths), build_lock(paths):
+    transaction in the lake writer's turn (no pass or load runs meanwhile)."""
+    with lake_writer(paths):
         conn = lake_connection(paths)
         try:
             conn.execute("begin transaction")
@@ -205,11 +205,11 @@ def _landing_mask(table: pa.Table, subject: Subject) -> pa.ChunkedArray:
 def purge_landing(paths: DataPaths, subject: Subject) -> tuple[int, int]:
     """Rewrite every landing file that holds the subject's messages without them (temp file,
     fsync, rename: a reader sees the old file or the new, never a part; on S3 one PUT replaces
-    the object whole). Under the load lock: no load reads a file while it is replaced.
+    the object whole). In the lake writer's turn: no load reads a file while it is replaced.
     (files rewritten, rows removed)"""
     files = _landing_with_subject(paths, subject)
     rewritten = removed = 0
-    with load_lock(paths):
+    with lake_writer(paths):
         for name in files:
             table = landing.read(paths, name)
             mask = _landing_mask(table, subject)
@@ -269,8 +269,8 @@ class FilesPurge:
 def purge_lake_files(paths: DataPaths, subject: Subject) -> FilesPurge:
     """Rewrite every data file with deletes, flush inlined rows, expire every snapshot but the
     current one, delete the files nothing refers to, recompute table min/max that name the
-    subject; then compact the catalog file. Under the load and build locks."""
-    with load_lock(paths), build_lock(paths):
+    subject; then compact the catalog file. In the lake writer's turn."""
+    with lake_writer(paths):
         conn = lake_connection(paths)
         try:
             # Flushing inlined rows that had deletes writes files with deletes: flush first.
