@@ -14,8 +14,8 @@ answer 200. Bounded: probes for a fixed time, then a bounded wait for the last o
 unseen are reported). Meanwhile a steady background load of batches of 100 tracks (1,000
 messages/s unless --load-rate says otherwise) goes through the same collector, so each pass takes
 thousands of messages, as in a deployment with traffic. The watcher runs a full pass at least
-every MALLARD_FULL_PASS_EVERY_S (30 s), as a served pass and a rest pass once served passes ran,
-and served passes between them; the report gives the median of each kind.
+every MALLARD_FULL_PASS_EVERY_S (30 s) (after served passes: a served part and the rest, each a
+Dagster run), and served passes between them; the report gives the median of each kind.
 """
 
 from __future__ import annotations
@@ -379,14 +379,14 @@ def main(argv: list[str] | None = None) -> int:
     lat = summarize(seen) if seen else {"p50": 0.0, "p95": 0.0, "max": 0.0}
     failed_runs = sum(1 for _, rc in runs if rc != 0)
     cycle = summarize([s for s, _ in runs]) if runs else {"p50": 0.0}
-    kinds = ("full", "served", "rest", "compaction")
+    kinds = ("full", "served", "compaction")
     by_kind = {
         kind: summarize(secs) if (secs := [r.seconds for r in recorded if r.kind == kind]) else None
         for kind in kinds
     }
     count = {kind: sum(1 for r in recorded if r.kind == kind) for kind in kinds}
     # Where the tail comes from: the probes whose wait had only served passes in it, and those
-    # that waited while a pass the served marts cannot run beside (full, rest) or a compaction
+    # that waited while a pass the served marts cannot run beside (full) or a compaction
     # ran (one writer commits to the lake at a time).
     waits = [
         (pr.delay, any(r.holds_served for r in pr.waited_on(recorded)))
@@ -410,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
             else ""
         )
         + (
-            f"; waited on a full or rest pass or a compaction: {len(held_lat)} probes, "
+            f"; waited on a full pass or a compaction: {len(held_lat)} probes, "
             f"p95 {summarize(held_lat)['p95']:.1f} s"
             if held_lat
             else ""
@@ -437,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
             row(f"accepted -> visible p95, {label} ({len(ds)} probes)", round(p95(ds), 1), "s")
             for label, ds in (
                 ("waited on served passes only", served_only),
-                ("waited on a full or rest pass or a compaction", held_lat),
+                ("waited on a full pass or a compaction", held_lat),
             )
             if ds
         ],

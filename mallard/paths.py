@@ -49,8 +49,10 @@ class DataPaths:
 
     @property
     def purge_generation(self) -> Path:
-        """An 8-byte counter each finished Delete increments: the API then drops what it holds
-        in memory of earlier snapshots (read index, event pages, its DuckDB connection)."""
+        """An 8-byte counter a Delete increments when it has purged the lake's files and again
+        when it finishes: every long-running process then drops what it holds in memory of the
+        catalog and of earlier snapshots (the API's read index, event pages and DuckDB
+        connection; the orchestrator's shared DuckDB)."""
         return self.root / "regulations.purges"
 
     @property

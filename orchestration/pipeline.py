@@ -43,26 +43,53 @@ BY_THE_WATCHER = "mallard pipeline run --watch"
 BY_A_REGULATION = "regulation "
 # The watcher's line as a pass begins, by kind.
 PASS_BEGINS = {
-    PassKind.FULL: "pass: new landing files",
+    PassKind.FULL: "full pass",
     PassKind.SERVED: "served pass: new landing files",
-    PassKind.REST: "rest pass: the full pass is due",
 }
-# The first line of a pass that is not full, which says what it leaves out.
-KIND_SUMMARY = {
-    PassKind.SERVED: "the marts the read API serves, no tests; the rest at the next full pass",
-    PassKind.REST: "the models served passes leave out, since the last full pass; no load",
-}
+# The first line of a pass, or of a part of a full pass, that does not build every model: what it
+# leaves out or builds.
+SERVED_SUMMARY = "the marts the read API serves, no tests; the rest at the next full pass"
+REST_SUMMARY = "the rest: the models served passes leave out, since the last full pass"
+
+
+@dataclass(frozen=True)
+class Part:
+    """One Dagster run of a pass: a full pass after served passes runs a served part (when the
+    served models lack anything) and then the rest; every other pass is one part."""
+
+    kind: PassKind
+    rest: bool = False  # the rest of a full pass: every model but the served ones, no load
 
 
 def pass_kind(paths: DataPaths, wanted: PassKind) -> PassKind:
-    """The kind of pass that can run now: a served or rest pass continues after a finished pass
-    and leaves tests out, so it needs one (a rest pass: one that took every loaded message) and
-    no change to the dbt project since every test last passed; otherwise the pass is full."""
+    """The kind of pass that can run now: a served pass continues after a finished pass and
+    leaves tests out, so it needs one and no change to the dbt project since every test last
+    passed; otherwise the pass is full."""
     from orchestration.window import current_window, full_tests_due
 
     if wanted is PassKind.FULL or full_tests_due(paths.dbt_target):
         return PassKind.FULL
     return current_window(paths, wanted).kind
+
+
+def pass_parts(paths: DataPaths, kind: PassKind) -> list[Part]:
+    """The runs of a pass of this kind, in the writer's turn (PassKind says what each kind
+    leaves true). A full pass after served passes leaves the served models as the served passes
+    built them: a served part first brings them up to date when landing files wait or a loaded
+    message is not in them (a pass that loaded, then failed), then the rest; a full pass with
+    every test due builds every model at once."""
+    from orchestration.load import unloaded_files
+    from orchestration.window import current_window, full_tests_due
+
+    if kind is PassKind.SERVED:
+        return [Part(PassKind.SERVED)]
+    window = current_window(paths, PassKind.FULL)
+    if window.loaded_after is None or not window.served_since_full:
+        return [Part(PassKind.FULL)]
+    if full_tests_due(paths.dbt_target):
+        return [Part(PassKind.FULL)]
+    behind = not window.served_current or bool(unloaded_files(paths))
+    return [*([Part(PassKind.SERVED)] if behind else []), Part(PassKind.FULL, rest=True)]
 
 
 def run_pipeline(
@@ -72,14 +99,14 @@ def run_pipeline(
     begin: Callable[[PassKind], object] = lambda kind: None,
 ) -> list[StepResult]:
     """One pass, the one routine every actor runs (the watcher, `mallard pipeline run`, a
-    regulation's catch-up): full (every model, the marts' health checks, compaction when due,
-    the dispatch) or served (the load and the models the read API serves: orchestration/
-    window.py PassKind), then the unfinished regulations carried forward. The pass holds the
-    lake writer's turn (orchestration/locks.py) from choosing its kind and window to the end of
-    its compaction, so no other writer commits in between; the dispatch and the regulations
-    follow outside it. The kind asked for is the one that runs if it can (pass_kind); begin is
-    called with it as the pass begins. The pass is recorded as the data dir's last pass
-    (mallard/passes.py)."""
+    regulation with no watcher to wait for): full (every model, the marts' health checks,
+    compaction when due, the dispatch) or served (the load and the models the read API serves:
+    orchestration/window.py PassKind), then the unfinished regulations carried forward. The
+    pass holds the lake writer's turn (orchestration/locks.py) from choosing its kind, parts
+    and windows to the end of its compaction, so no other writer commits in between; the
+    dispatch and the regulations follow outside it. The kind asked for is the one that runs if
+    it can (pass_kind); begin is called with each part's kind as it begins. The pass is
+    recorded as the data dir's last pass (mallard/passes.py)."""
     from orchestration.defs import build_definitions
     from orchestration.defs.dbt import pass_subset
     from orchestration.defs.ingest import PIPELINE
@@ -90,14 +117,15 @@ def run_pipeline(
     try:
         defs = build_definitions(paths.root)
     except Exception as e:  # a broken dbt project fails here, before any run
-        steps = [StepResult("definitions", False, f"{type(e).__name__}: {e}")]
-        _record(paths, kind, launched_by, started, steps)
-        return steps
+        failed = [StepResult("definitions", False, f"{type(e).__name__}: {e}")]
+        _record(paths, kind, launched_by, started, failed)
+        return failed
     log = paths.run_dir / "pipeline.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     # dbt's own progress lines go to a log file and the console is quiet: the CLI prints one
     # line per step; the UI keeps the full log.
     quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+    steps: list[StepResult] = []
     with (
         dg.DagsterInstance.from_config(str(paths.dagster_home)) as instance,
         open(log, "a") as out,
@@ -105,21 +133,35 @@ def run_pipeline(
     ):
         with lake_writer(paths):
             kind = pass_kind(paths, kind)
-            begin(kind)
-            job = defs.resolve_job_def(PIPELINE)
-            if subset := pass_subset(paths, defs.resolve_asset_graph, kind):
-                assets, checks = subset
-                job = job.get_subset(asset_selection=assets, asset_check_selection=checks)
             tags = {LAUNCHED_BY: launched_by, PASS_KIND_TAG: kind.value}
-            result = job.execute_in_process(
-                instance=instance, raise_on_error=False, run_config=quiet, tags=tags
-            )
-            steps = with_dbt_tally(summarize(result), read_tally(paths.dbt_target, started))
-            if kind in KIND_SUMMARY:
-                steps.insert(0, StepResult(kind.value, True, KIND_SUMMARY[kind]))
+            ok = True
+            for part in pass_parts(paths, kind):
+                begin(part.kind)
+                job = defs.resolve_job_def(PIPELINE)
+                subset = pass_subset(paths, defs.resolve_asset_graph, part.kind, part.rest)
+                if subset:
+                    assets, checks = subset
+                    job = job.get_subset(asset_selection=assets, asset_check_selection=checks)
+                part_started = datetime.now(UTC)
+                result = job.execute_in_process(
+                    instance=instance,
+                    raise_on_error=False,
+                    run_config=quiet,
+                    tags={**tags, PASS_KIND_TAG: part.kind.value},
+                )
+                part_steps = with_dbt_tally(
+                    summarize(result), read_tally(paths.dbt_target, part_started)
+                )
+                if part.kind is PassKind.SERVED or part.rest:
+                    summary = REST_SUMMARY if part.rest else SERVED_SUMMARY
+                    part_steps.insert(0, StepResult(part.kind.value, True, summary))
+                steps += part_steps
+                ok = result.success
+                if not ok:
+                    break
             # What the fragmentation sensor does after the daemon's runs, done here after this
             # one (recorded as a run of the compaction job): the next pass reads fewer files.
-            if kind.completes and result.success and needs_compaction(paths):
+            if kind.completes and ok and needs_compaction(paths):
                 compacted = defs.resolve_job_def("compaction").execute_in_process(
                     instance=instance, raise_on_error=False, run_config=quiet, tags=tags
                 )
@@ -129,7 +171,7 @@ def run_pipeline(
                     )
                 ]
             _record(paths, kind, launched_by, started, steps)
-        if kind.completes and result.success:
+        if kind.completes and ok:
             steps.append(dispatch_step(paths))
     if not launched_by.startswith(BY_A_REGULATION):
         steps += regulations_step(paths)
@@ -281,7 +323,8 @@ def _pass_off_the_main_thread(
     worker.start()
     worker.join()
     steps = out[0] if out else [StepResult("pipeline", False, "the pass raised (see stderr)")]
-    return (began[0] if began else wanted), steps
+    # A full pass's last part is full (a served part may come first).
+    return (began[-1] if began else wanted), steps
 
 
 def watch_pipeline(
@@ -299,8 +342,9 @@ def watch_pipeline(
     `full_pass_every_s` setting) after the last one ended while files land, and once more when
     they stop landing after served passes; the passes between are served passes
     (orchestration/window.py PassKind), which take a few seconds where a full pass takes more.
-    A full pass after served passes is a served pass for the files landed since the last one,
-    then a rest pass: the served marts are not held up by the models only a full pass builds.
+    A full pass after served passes is a served part for the files landed since the last one,
+    then the rest (`pass_parts`): the served marts are not held up by the models only a full
+    pass builds.
     Dagster and the project are imported once, before the first files land, not per pass: at
     10M messages a pass of a few messages took a median of 24.4 s, against 30-32 s for a new
     process each (bench/freshness.py). Runs are recorded in the Dagster instance, launched by
@@ -339,21 +383,14 @@ def watch_pipeline(
                 or (served_since_full and full_due)
             ):
                 cursor = mark
-                wanted = [PassKind.FULL if full_due else PassKind.SERVED]
-                if full_due and served_since_full:
-                    # The full pass after served passes: new files reach the served marts first,
-                    # then a rest pass builds the rest without holding them up.
-                    wanted = [PassKind.SERVED, PassKind.REST] if landed else [PassKind.REST]
-                for want in wanted:
-                    kind, steps = _pass_off_the_main_thread(data_dir, want, begin)
-                    passes += 1
-                    if kind.completes:
-                        full_ended, served_since_full = time.monotonic(), False
-                    else:
-                        served_since_full = True
-                    report(steps)
-                    if not all(step.ok for step in steps):
-                        break
+                want = PassKind.FULL if full_due else PassKind.SERVED
+                kind, steps = _pass_off_the_main_thread(data_dir, want, begin)
+                passes += 1
+                if kind.completes:
+                    full_ended, served_since_full = time.monotonic(), False
+                else:
+                    served_since_full = True
+                report(steps)
                 again_at = 0.0
                 failures = 0 if all(step.ok for step in steps) else failures + 1
                 if failures >= LOUD_AFTER:

@@ -15,6 +15,7 @@ from typing import TypeVar
 import duckdb
 
 from mallard.distributed import storage
+from mallard.generation import Generation
 from mallard.paths import DataPaths
 from mallard.secret import ensure_secret
 from mallard.warehouse import LAKE, connect, lake_catalog_uri
@@ -101,7 +102,11 @@ _READY: dict[Path | str, tuple[int, int]] = {}
 # window, the compaction check): a DuckDB of its own per statement loaded the DuckLake and SQLite
 # extensions again each time, ~0.15 s, and ensure_warehouse's statements took 0.2 s, four times
 # in every pass (at 10M messages). dbt keeps its own DuckDB (orchestration/dbt_in_process.py).
-_SHARED: dict[tuple[int, int], duckdb.DuckDBPyConnection] = {}
+# It is made again after a Delete purged the lake's files (the purge generation moved): an
+# attached DuckLake keeps what it read of the catalog, and a purge flushes inlined rows (their
+# tables dropped), expires snapshots and deletes files, so the old instance failed every later
+# pass of a long-running process ("Table with name ducklake_inlined_data_8_8 does not exist").
+_SHARED: dict[tuple[int, int], tuple[int, duckdb.DuckDBPyConnection]] = {}
 _SHARED_LOCK = threading.Lock()
 
 
@@ -128,11 +133,13 @@ def lake_connection(paths: DataPaths) -> duckdb.DuckDBPyConnection:
     identity = _catalog_identity(paths)
     if identity is None or _READY.get(_catalog_key(paths)) != identity:
         return connect(paths)
+    purges = Generation(paths.purge_generation).read()
     with _SHARED_LOCK:
-        shared = _SHARED.get(identity)
-        if shared is None:
-            shared = _SHARED[identity] = connect(paths)
-        return shared.cursor()
+        made = _SHARED.get(identity)
+        if made is None or made[0] != purges:
+            # The old instance is left to the cursors still open on it; it goes with them.
+            made = _SHARED[identity] = (purges, connect(paths))
+        return made[1].cursor()
 
 
 # How long a process waits for another's commit to the catalog (its first pass, a load).

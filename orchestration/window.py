@@ -34,30 +34,34 @@ from orchestration.warehouse import lake_connection
 
 
 class PassKind(StrEnum):
-    """What a pass builds. A full pass builds every model, runs the tests every pass runs and
-    the marts' health checks, and the dispatch follows it; a served pass builds only the models
-    the read API serves (`SERVED_SELECT`), with no tests, so a new message is served within
-    seconds while commands, journeys, audiences and duplicates wait for the next full pass.
-    A rest pass is a full pass that follows a served pass which took every loaded message: it
-    loads nothing, leaves the served models as the served passes built them, and builds the
-    rest (`REST_EXCLUDE`, `REST_SCOPE`) over every message since the last full pass, with
-    everything a full pass runs after its models; the read API's marts do not wait for it."""
+    """The two kinds of pass, each with its invariant (docs/warehouse.md):
+
+    - served: loads the new landing files and builds the models the read API serves
+      (`SERVED_SELECT`) over every message loaded after the last pass of either kind, with no
+      tests; after it, those models hold every loaded message.
+    - full: after it, every model holds every message loaded when it began, tested, health
+      checked, and the dispatch follows. It continues after the last full pass. When served
+      passes ran since then, it first brings the served models up to date (a served part, when
+      they lack anything) and then builds the rest (`REST_EXCLUDE`, `REST_SCOPE`) over every
+      message since the last full pass, leaving the served models as they are; otherwise it
+      builds every model at once.
+    """
 
     FULL = "full"
     SERVED = "served"
-    REST = "rest"
 
     @property
     def completes(self) -> bool:
         """Whether the pass leaves every model current (the next full pass starts after it)."""
-        return self is not PassKind.SERVED
+        return self is PassKind.FULL
 
 
 # dbt's selection of a served pass: the marts the read API answers from (tag `served`), what they
 # are built from, and the freshness mart that records the pass (its own upstream is every mart).
 SERVED_SELECT = "+tag:served freshness"
-# A rest pass builds every model but those of a served pass, and again the scope models tagged
-# `pass_scope` (the customers a window changes), which the rest reads for its longer window.
+# The rest of a full pass after served passes: every model but those of a served pass, and again
+# the scope models tagged `pass_scope` (the customers a window changes), which the rest reads for
+# its longer window.
 REST_EXCLUDE = "+tag:served"
 REST_SCOPE = "tag:pass_scope"
 # The Dagster run tag that says which kind a pass is (the UI shows it on the run).
@@ -69,6 +73,11 @@ class Window:
     loaded_after: datetime | None  # None: no finished pass yet, take everything
     loaded_through: datetime | None  # None: nothing loaded yet
     kind: PassKind = PassKind.FULL
+    # The last pass of either kind ended at `loaded_through`: the served models hold every
+    # loaded message.
+    served_current: bool = False
+    # Served passes ran since the last full pass (it ended before the last pass of either kind).
+    served_since_full: bool = False
 
     def dbt_args(self) -> list[str]:
         """With no finished pass to continue from, every model is built whole (--full-refresh):
@@ -103,9 +112,9 @@ _FINISHED_THROUGH = """
 
 def _finished_through(conn: duckdb.DuckDBPyConnection, kind: PassKind) -> Any:
     """A served pass continues after the last pass of either kind: the served models took every
-    message before it. A full or rest pass continues after the last full (or rest) one, so the
-    models a served pass left out take the served passes' messages too (every model is
-    idempotent for a message seen again)."""
+    message before it. A full pass continues after the last full one, so the models a served
+    pass left out take the served passes' messages too (every model is idempotent for a
+    message seen again)."""
     if kind.completes:
         try:
             row = conn.execute(
@@ -122,9 +131,7 @@ def _finished_through(conn: duckdb.DuckDBPyConnection, kind: PassKind) -> Any:
 def current_window(paths: DataPaths, kind: PassKind = PassKind.FULL) -> Window:
     """A pass continues after the last finished one (of its kind: `_finished_through`) only if
     that pass left state of this version of the models; otherwise (first pass, or after an
-    upgrade) it builds whole, and is full whatever was asked. A rest pass is full unless the
-    last pass finished with every loaded message (a pass that loaded and then failed left
-    messages the served models have not taken)."""
+    upgrade) it builds whole, and is full whatever was asked."""
     conn = lake_connection(paths)
     try:
         after = _finished_through(conn, kind)
@@ -132,11 +139,17 @@ def current_window(paths: DataPaths, kind: PassKind = PassKind.FULL) -> Window:
             kind = PassKind.FULL
             after = _finished_through(conn, kind)
         through = _scalar(conn, "select max(loaded_at) from lake.raw.messages", [])
-        if kind is PassKind.REST and _finished_through(conn, PassKind.SERVED) != through:
-            kind = PassKind.FULL
+        last = _finished_through(conn, PassKind.SERVED)
+        full = after if kind is PassKind.FULL else _finished_through(conn, PassKind.FULL)
     finally:
         conn.close()
-    return Window(after, through, kind)
+    return Window(
+        after,
+        through,
+        kind,
+        served_current=last is not None and last == through,
+        served_since_full=full is not None and last is not None and last != full,
+    )
 
 
 def full_pass_holds(paths: DataPaths, files: list[str], through: datetime | None = None) -> bool:

@@ -197,9 +197,10 @@ class Serving(Lake):
         return snap
 
     def _drop_if_purged(self) -> None:
-        """After a Delete finished: drop the indexes, the event pages process, the snapshots'
-        freshness and the DuckDB connection (its caches and file handles), so no answer comes
-        from data the Delete removed; the next answers read the lake as it is now."""
+        """After a Delete purged the lake's files, and again when it finished: drop the indexes,
+        the event pages process, the snapshots' freshness and the DuckDB connection (its caches
+        and file handles), so no answer comes from data the Delete removed or from files it
+        deleted; the next answers read the lake as it is now."""
         purges = self._purges.read()
         if self._purges_seen is None:
             self._purges_seen = purges

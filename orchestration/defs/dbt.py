@@ -118,7 +118,10 @@ class DbtResource(DbtCliResource):
 
 
 def pass_subset(
-    paths: DataPaths, graph: Callable[[], "AssetGraph"], kind: PassKind = PassKind.FULL
+    paths: DataPaths,
+    graph: Callable[[], "AssetGraph"],
+    kind: PassKind = PassKind.FULL,
+    rest: bool = False,
 ) -> tuple[AbstractSet[dg.AssetKey], AbstractSet[dg.AssetCheckKey]] | None:
     """What the next pass selects of the pipeline job, whoever launches it. None, all of it, when
     every test is due (after the dbt project changed, and on a data dir's first pass); else, for
@@ -126,8 +129,9 @@ def pass_subset(
     runs (LIGHT_TESTS excluded, as dbt_build_args excludes them): a run that selects a check dbt
     does not run ends with the check's output not yielded ("did not yield expected outputs") and
     the check skipped. A served pass selects the load and the models of SERVED_SELECT, no
-    check. A rest pass selects what a full pass does but the load and the served models (it
-    builds the scope models of REST_SCOPE again), with the same checks."""
+    check. The rest of a full pass after served passes (`rest`) selects what a full pass does
+    but the load and the served models (it builds the scope models of REST_SCOPE again), with
+    the same checks."""
     from orchestration.defs.ingest import RAW_MESSAGES  # it imports this module
 
     if full_tests_due(paths.dbt_target):
@@ -142,10 +146,10 @@ def pass_subset(
         return (served | load).resolve(assets), set()
     checks = build_dbt_asset_selection([dbt_models], dbt_exclude=LIGHT_TESTS)
     selected = assets.materializable_asset_keys
-    if kind is PassKind.REST:
-        rest = build_dbt_asset_selection([dbt_models], dbt_exclude=REST_EXCLUDE)
+    if rest:
+        others = build_dbt_asset_selection([dbt_models], dbt_exclude=REST_EXCLUDE)
         scope = build_dbt_asset_selection([dbt_models], dbt_select=REST_SCOPE)
-        selected = (rest | scope).resolve(assets)
+        selected = (others | scope).resolve(assets)
     return selected, checks.resolve_checks(assets) | MART_CHECK_KEYS
 
 
@@ -175,7 +179,6 @@ def build_dbt_assets(paths: DataPaths) -> tuple[dg.AssetsDefinition, DbtCliResou
             if window.kind is not kind:  # the launcher checks first (orchestration/pipeline.py)
                 raise dg.Failure(
                     f"a {kind} pass cannot continue here: it needs a finished full pass"
-                    " (a rest pass: a finished pass that took every loaded message)"
                 )
             # The run's selection says which tests it runs: every one unless it is a subset
             # (pass_subset: the tests every pass runs, or none in a served pass).

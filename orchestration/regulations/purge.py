@@ -41,6 +41,7 @@ from collector.roller import write_atomic
 from collector.wal import fsync_dir
 from mallard import landing
 from mallard.distributed import storage
+from mallard.generation import Generation
 from mallard.paths import DataPaths
 from mallard.regulations import ANONYMOUS, MESSAGE, USER, RegulationStore
 from mallard.warehouse import files_connection
@@ -304,6 +305,10 @@ def purge_lake_files(paths: DataPaths, subject: Subject) -> FilesPurge:
             vacuum_postgres_catalog()
         else:
             compact_catalog(paths.lake_catalog)
+        # Before the writer's turn ends: every long-running process (the watcher, the API, its
+        # pages process, the dispatcher) drops what it holds of the catalog and the files before
+        # it reads the lake again (orchestration/warehouse.py lake_connection).
+        Generation(paths.purge_generation).bump()
     return FilesPurge(rewritten, expired, deleted + orphans, stats)
 
 

@@ -1,9 +1,10 @@
-"""Served and rest passes, from real passes in this process against temporary lakes: a served
+"""Served and full passes, from real passes in this process against temporary lakes: a served
 pass builds the marts the read API answers from (the same rows a full pass gives them) and leaves
 the rest to the next full pass, which continues after the last full pass and ends with the marts
-of a lake that only ever had full passes; so does a rest pass, which loads nothing and leaves the
-served models as the served passes built them; the watcher runs a full pass first, served passes
-while files keep landing, and a rest pass once they stop."""
+of a lake that only ever had full passes; after served passes it builds only the rest and leaves
+the served models as the served passes built them (after a served part, when they lack
+anything); the watcher runs a full pass first, served passes while files keep landing, and a
+full pass once they stop."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import dagster as dg
 from mallard.paths import DataPaths
 from orchestration.defs.ingest import PIPELINE
 from orchestration.load import load_new_files
-from orchestration.pipeline import StepResult, pass_kind, run_pipeline
+from orchestration.pipeline import Part, StepResult, pass_parts, run_pipeline
 from orchestration.window import PASS_KIND_TAG, PassKind
 from tests.reliability.test_crashes import copy_data_dir, lake_rows, marts_state
 from tests.unit.orchestration.test_load import write_landing
@@ -83,7 +84,7 @@ def _materialized(paths: DataPaths) -> set[str]:
         }
 
 
-def test_a_rest_pass_completes_what_served_passes_left(tmp_path: Path) -> None:
+def test_a_full_pass_after_served_passes_builds_the_rest(tmp_path: Path) -> None:
     served, full = DataPaths(tmp_path / "served"), DataPaths(tmp_path / "full")
     write_landing(served, events=300, seed=1)
     _ok(run_pipeline(served.root))
@@ -97,10 +98,10 @@ def test_a_rest_pass_completes_what_served_passes_left(tmp_path: Path) -> None:
     before = marts_state(served.root)
     _ok(run_pipeline(full.root))
 
-    assert pass_kind(served, PassKind.REST) is PassKind.REST
-    steps = _ok(run_pipeline(served.root, kind=PassKind.REST))
+    assert pass_parts(served, PassKind.FULL) == [Part(PassKind.FULL, rest=True)]
+    steps = _ok(run_pipeline(served.root))
     names = [step.name for step in steps]
-    assert names[0] == "rest" and "load" not in names, names
+    assert names[0] == "full" and "load" not in names, names
     assert "marts health" in names and "dispatch" in names, names  # what follows a full pass
     dbt = next(step.summary for step in steps if step.name == "dbt build")
     assert "data tests passed" in dbt, dbt
@@ -118,7 +119,7 @@ def test_a_rest_pass_completes_what_served_passes_left(tmp_path: Path) -> None:
         (rest, kind, after, rest_through),
     ) = _manifest(served)
     # After the last full pass, through the served passes' end: nothing loaded since.
-    assert (kind, after, rest_through) == ("rest", first_through, through)
+    assert (kind, after, rest_through) == ("full", first_through, through)
     assert lake_rows(served.root, "select pass_id, full_pass_id from lake.marts.freshness") == [
         (rest, rest)
     ]
@@ -147,33 +148,38 @@ def test_a_rest_pass_completes_what_served_passes_left(tmp_path: Path) -> None:
     assert served_pass < rest
 
 
-def test_a_rest_pass_waits_for_loaded_messages_the_served_marts_lack(tmp_path: Path) -> None:
+def test_a_full_pass_first_serves_what_the_served_marts_lack(tmp_path: Path) -> None:
     paths = DataPaths(tmp_path)
     write_landing(paths, events=100, seed=1)
     _ok(run_pipeline(paths.root))
+    assert pass_parts(paths, PassKind.FULL) == [Part(PassKind.FULL)]  # no served pass since
     write_landing(paths, events=50, seed=2)
     _ok(run_pipeline(paths.root, kind=PassKind.SERVED))
-    assert pass_kind(paths, PassKind.REST) is PassKind.REST
-    # Files that landed but are not loaded yet do not stop it: the next served pass takes them.
+    rest = Part(PassKind.FULL, rest=True)
+    assert pass_parts(paths, PassKind.FULL) == [rest]
+    # Files that landed but are not loaded yet: a served part loads them first.
     write_landing(paths, events=50, seed=3)
-    assert pass_kind(paths, PassKind.REST) is PassKind.REST
-    # Loaded by a pass that failed before its models: the served marts lack them, so the pass
-    # is full and takes them, load and every model.
+    assert pass_parts(paths, PassKind.FULL) == [Part(PassKind.SERVED), rest]
+    # Loaded by a pass that failed before its models: the served marts lack them, so a served
+    # part takes them first too.
     assert load_new_files(paths).files
-    assert pass_kind(paths, PassKind.REST) is PassKind.FULL
-    steps = _ok(run_pipeline(paths.root, kind=PassKind.REST))
-    assert steps[0].name != "rest"
-    *_, (_, kind, _, _) = _manifest(paths)
-    assert kind == "full"
+    assert pass_parts(paths, PassKind.FULL) == [Part(PassKind.SERVED), rest]
+    steps = _ok(run_pipeline(paths.root))
+    assert [s.name for s in steps if s.name in ("served", "full")] == ["served", "full"], steps
+    *_, (_, served_kind, _, through), (_, kind, _, rest_through) = _manifest(paths)
+    assert (served_kind, kind, rest_through) == ("served", "full", through)
+    # Every model holds every loaded message: nothing is left for another part.
+    assert pass_parts(paths, PassKind.FULL) == [Part(PassKind.FULL)]
 
 
 def test_the_watcher_serves_between_full_passes(tmp_path: Path) -> None:
     paths = DataPaths(tmp_path)
-    # After the second (served) pass nothing lands: the full pass comes once it is due, as a
-    # rest pass (the served pass took every loaded message).
+    # After the second (served) pass nothing lands: the full pass comes once it is due, and
+    # builds only the rest (the served pass took every loaded message).
     reports = watch_passes(paths, passes=3, full_every_s=2.0)
-    assert [_ok(steps)[0].name for steps in reports][1:] == ["served", "rest"]
+    assert [_ok(steps)[0].name for steps in reports][1:] == ["served", "full"]
+    assert "load" not in [step.name for step in reports[2]]
     with dg.DagsterInstance.from_config(str(paths.dagster_home)) as instance:
         runs = list(reversed(instance.get_runs(dg.RunsFilter(job_name=PIPELINE))))
-        assert [run.tags[PASS_KIND_TAG] for run in runs] == ["full", "served", "rest"]
-    assert [kind for _, kind, _, _ in _manifest(paths)] == ["full", "served", "rest"]
+        assert [run.tags[PASS_KIND_TAG] for run in runs] == ["full", "served", "full"]
+    assert [kind for _, kind, _, _ in _manifest(paths)] == ["full", "served", "full"]
