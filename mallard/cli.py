@@ -158,6 +158,11 @@ def cmd_pipeline_run(args: argparse.Namespace) -> int:
             ok = ok and step.ok
         return ok
 
+    # The CLI prints one line per step; Dagster's own INFO lines (each pass's dbt command with its
+    # whole selection, kilobytes long) stay in the run's log in the Dagster UI.
+    import logging
+
+    logging.getLogger("dagster.builtin").setLevel(logging.WARNING)
     if not args.watch:
         return 0 if report(run_pipeline(_paths(args).root)) else 1
     import signal
