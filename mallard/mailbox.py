@@ -2,8 +2,9 @@
 message it is given as a `.eml` file under data/mailbox/, so email works with no mail server.
 
 `mallard mailbox serve` runs it; `mallard mailbox list` and `mallard mailbox show` read the
-files. Files are written to a temporary name and renamed, so a reader never sees half a
-message; their names sort in arrival order.
+files; a Delete removes the messages that name its subject (`purge_subject`). Files are written
+to a temporary name and renamed, so a reader (and a purge) never sees half a message; their
+names sort in arrival order.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from __future__ import annotations
 import email
 import itertools
 import os
+import re
 import signal
 import threading
 import time
 from email import policy
-from email.message import EmailMessage
+from email.message import EmailMessage, Message
 from pathlib import Path
 from typing import Any
 
@@ -67,11 +69,81 @@ def serve(paths: DataPaths, host: str = "127.0.0.1", port: int = 1025) -> int:
     return 0
 
 
+def stored(directory: Path) -> list[Path]:
+    """The messages stored in a directory, oldest first; not those being written (dot-temp)."""
+    if not directory.exists():
+        return []
+    return sorted(directory.glob("[0-9]*.eml"))
+
+
 def message_files(paths: DataPaths) -> list[Path]:
     """The stored messages, oldest first."""
-    if not paths.mailbox_dir.exists():
-        return []
-    return sorted(paths.mailbox_dir.glob("[0-9]*.eml"))
+    return stored(paths.mailbox_dir)
+
+
+def readable(raw: bytes) -> bytes:
+    """A message as its reader sees it, as UTF-8: every header of every part decoded (RFC 2047
+    words, RFC 2231 file names) and every body decoded from its transfer encoding (base64,
+    quoted-printable) and its charset. What the stored bytes hide: an address in a base64 body
+    is not in them."""
+    message = email.message_from_bytes(raw, policy=policy.default)
+    out: list[str] = []
+    for part in message.walk():
+        out += [_decoded_headers(part), _decoded_body(part)]
+    # surrogatepass: headers of 8-bit bytes decode with surrogates; those bytes are in `raw`.
+    return "\n".join(out).encode("utf-8", "surrogatepass")
+
+
+# A malformed header or body (anyone may send the mailbox anything) must not stop a Delete: what
+# cannot be decoded is searched in the stored bytes only.
+
+
+def _decoded_headers(part: Message) -> str:
+    try:
+        lines = [f"{name}: {value}" for name, value in part.items()]
+        return "\n".join([*lines, part.get_filename() or ""])
+    except Exception:
+        return ""
+
+
+def _decoded_body(part: Message) -> str:
+    if part.is_multipart():
+        return ""
+    try:
+        body = part.get_payload(decode=True)
+        if not isinstance(body, bytes):
+            return ""
+        return body.decode(part.get_content_charset() or "utf-8", "replace")
+    except Exception:
+        return ""
+
+
+def mentions(raw: bytes, pattern: re.Pattern[bytes]) -> bool:
+    """Whether a stored message holds what `pattern` matches, in its bytes or decoded."""
+    return bool(pattern.search(raw) or pattern.search(readable(raw)))
+
+
+def purge_subject(directory: Path, pattern: re.Pattern[bytes]) -> int:
+    """Remove every stored message that names the subject (`pattern`: their identifiers, as
+    orchestration/regulations/verify.py matches them), the whole file; how many. A message
+    being written is a dot-temp file until it is renamed into place whole, so none is read
+    half written; one renamed in after the listing is what the Delete's proof then finds."""
+    removed = 0
+    for path in stored(directory):
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:  # removed meanwhile (a purge run again)
+            continue
+        if mentions(raw, pattern):
+            path.unlink(missing_ok=True)
+            removed += 1
+    if removed:
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return removed
 
 
 def parse(path: Path) -> EmailMessage:

@@ -322,8 +322,8 @@ def purge_files(context: dg.OpExecutionContext, config: RegulationRun, lake: Lak
 
 @dg.op(
     ins={"after": dg.In(dg.Nothing)},
-    description="Delete: the preferences journal, tag "
-    "metrics and earlier Access zips of the subject.",
+    description="Delete: the preferences journal, tag metrics, earlier Access zips, the "
+    "outbox (and its files) and the local mailbox's messages of the subject.",
 )
 def purge_side_stores(
     context: dg.OpExecutionContext, config: RegulationRun, lake: LakeResource
@@ -337,17 +337,22 @@ def purge_side_stores(
     _, metrics = purge.purge_metrics(lake.paths, subject)
     zips = purge.purge_access_zips(store, subject)
     outbox = purge.purge_outbox(lake.paths, subject)
+    outbox_files = purge.purge_file_outbox(lake.paths, subject)
+    mail = purge.purge_mailbox(lake.paths, subject)
     _record(
         store,
         reg.regulation_id,
         outboxRows=outbox,
+        outboxFilesRemoved=outbox_files,
         preferencesJournalRows=journal,
         metricsLines=metrics,
         accessZipsRemoved=zips,
+        mailboxMessagesRemoved=mail,
     )
     _done("purge_side_stores", config.regulation_id)
     context.log.info(
         f"journal {journal} rows, metrics {metrics} lines, {zips} Access zips, outbox {outbox}"
+        f" and {outbox_files} files, {mail} mailbox messages"
     )
 
 

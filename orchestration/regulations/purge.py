@@ -16,7 +16,9 @@ deleted records in free pages and in its write-ahead file. So a Delete here:
 5. rewrites the lake's data files that had deletes, flushes inlined rows, expires every earlier
    snapshot, deletes the files nothing refers to any more, recomputes table min/max that named
    the subject, then VACUUMs the catalog and truncates its write-ahead file;
-6. purges the side stores: the preferences journal, tag metrics, and earlier Access zips.
+6. purges the side stores: the preferences journal, tag metrics, earlier Access zips, the
+   dispatcher's outbox and the sends it wrote as files, and the local mailbox's messages that
+   name the subject.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import pyarrow.compute as pc
 
 from collector.roller import write_atomic
 from collector.wal import fsync_dir
-from mallard import landing
+from mallard import landing, mailbox
 from mallard.distributed import storage
 from mallard.generation import Generation
 from mallard.paths import DataPaths
@@ -48,6 +50,7 @@ from mallard.warehouse import files_connection
 from orchestration.column_stats import metadata_sql
 from orchestration.locks import lake_writer
 from orchestration.regulations.subjects import Subject, count, selection, selections
+from orchestration.regulations.verify import token_pattern
 from orchestration.warehouse import lake_connection
 
 WAL_SUFFIXES = (".wal", ".sealed")
@@ -481,6 +484,27 @@ def purge_outbox(paths: DataPaths, subject: Subject) -> dict[str, int]:
     return removed
 
 
+def purge_file_outbox(paths: DataPaths, subject: Subject) -> int:
+    """The sends the dispatcher wrote as files for a channel with no provider
+    (`outbox/<channel>/<sendId>.json`, delivery/dispatch.py `write_file_outbox`) that name the
+    subject, removed whole; how many. Each is written to a dot-temp file and renamed into place,
+    so none is read half written; one renamed in after the listing is what the proof finds."""
+    folder = paths.root / "outbox"
+    strings = subject.strings()
+    if not strings or not folder.is_dir():
+        return 0
+    pattern = token_pattern(strings)
+    removed = 0
+    for channel in sorted(p for p in folder.iterdir() if p.is_dir()):
+        named = [f for f in sorted(channel.glob("[!.]*.json")) if pattern.search(f.read_bytes())]
+        for f in named:
+            f.unlink(missing_ok=True)
+        if named:
+            fsync_dir(channel)
+        removed += len(named)
+    return removed
+
+
 def _pattern(strings: Iterable[str]) -> re.Pattern[bytes]:
     return re.compile(b"|".join(re.escape(s.encode()) for s in sorted(set(strings), key=len)[::-1]))
 
@@ -529,3 +553,13 @@ def purge_access_zips(store: RegulationStore, subject: Subject) -> int:
         if reg.download_path:
             store.save(reg.regulation_id, download_path=None, download_expires_at=None)
     return removed
+
+
+def purge_mailbox(paths: DataPaths, subject: Subject) -> int:
+    """Remove the local mailbox's messages to or about the subject: every one whose bytes or
+    decoded text hold one of their identifiers as the proof searches for them; how many. Mail
+    `MALLARD_SMTP_URL` sent to another server is out of the data dir's reach."""
+    strings = subject.strings()
+    if not strings:
+        return 0
+    return mailbox.purge_subject(paths.mailbox_dir, token_pattern(strings))

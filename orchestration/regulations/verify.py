@@ -1,7 +1,8 @@
 """The proof after a Delete: the subject's identifiers are searched for in every text column of
 every table of the lake, in every landing file's values, in every value of the other SQLite
-files, and in the bytes of every other file of the data dir. What is found is the evidence's
-`rowsRemaining` and `bytesFound` (0 when the Delete holds).
+files, in the bytes of every other file of the data dir, and in the decoded text of the local
+mailbox's messages. What is found is the evidence's `rowsRemaining` and `bytesFound` (0 when the
+Delete holds).
 
 An identifier is found as a whole value: a text value equal to it, or a JSON string of it (in
 quotes) inside a text, JSON or nested value, or, in other files' bytes, not next to a letter or
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import duckdb
 
-from mallard import landing
+from mallard import landing, mailbox
 from mallard.distributed import storage
 from mallard.paths import DataPaths
 from mallard.warehouse import files_connection
@@ -157,18 +158,18 @@ def bytes_found(
     only: Iterable[Path] | None = None,
 ) -> dict[str, int]:
     """Per file of the data dir (dot files, write-ahead and temp files included; Parquet files
-    are searched by their values, see rows_remaining and landing_rows_remaining; the DuckDB
-    extensions are binaries of the install), how many times the strings occur in its bytes;
-    `only`: just these files."""
+    are searched by their values, see rows_remaining and landing_rows_remaining; a mailbox
+    message's also decoded; the DuckDB extensions are binaries of the install), how many times
+    the strings occur in its bytes; `only`: just these files."""
     if not strings:
         return {}
-    pattern = _token_pattern(strings)
+    pattern = token_pattern(strings)
     # What dbt writes from the project (target, docs site, logs) holds the project's own text,
     # its unit tests' fixture rows among it: an identifier the project's source holds (a user
     # `u1` of a fixture) is not searched there, every other one is.
     dbt_dir = paths.dbt_target.parent
     not_in_project = [s for s in strings if not _in_project(s)]
-    dbt_pattern = _token_pattern(not_in_project) if not_in_project else None
+    dbt_pattern = token_pattern(not_in_project) if not_in_project else None
     skipped = {p.resolve() for p in skip}
     found: dict[str, int] = {}
     for path in sorted(paths.root.rglob("*") if only is None else only):
@@ -186,14 +187,16 @@ def bytes_found(
             # A SQLite file's values are read (adjacent values run together in its pages), and
             # its bytes searched too (free pages).
             n = (_sqlite_values(path, strings) or 0) if _is_sqlite(path) else 0
+            n += _count_in_message(path, pattern) if _is_message(path) else 0
             n += _count_in_file(path, pattern)
         if n:
             found[str(path.relative_to(paths.root))] = n
     return found
 
 
-def _token_pattern(strings: Iterable[str]) -> re.Pattern[bytes]:
-    """Any of the strings, not next to a letter or digit."""
+def token_pattern(strings: Iterable[str]) -> re.Pattern[bytes]:
+    """Any of the strings, not next to a letter or digit (the Delete's purges of the mailbox and
+    of the outbox's files match by it too: they remove what this search would find)."""
     alternatives = b"|".join(
         re.escape(s.encode()) for s in sorted(set(strings), key=len, reverse=True)
     )
@@ -204,7 +207,7 @@ def _token_pattern(strings: Iterable[str]) -> re.Pattern[bytes]:
 def _in_project(string: str) -> bool:
     """Whether a source file of the dbt project (models, tests, macros, seeds, its YAML) holds
     the string as a token (asked once a process: a Delete searches twice)."""
-    pattern = _token_pattern([string])
+    pattern = token_pattern([string])
     return any(
         _count_in_file(f, pattern)
         for f in DBT_DIR.rglob("*")
@@ -236,6 +239,20 @@ for t in tables:
                 found += 1
 print(found)
 """
+
+
+def _is_message(path: Path) -> bool:
+    """A mailbox message: stored (`.eml`) or being written (`.<name>.eml.tmp`)."""
+    return path.name.endswith((".eml", ".eml.tmp"))
+
+
+def _count_in_message(path: Path, pattern: re.Pattern[bytes]) -> int:
+    """How many times the strings occur in a message decoded (mallard.mailbox.readable): a
+    base64 or quoted-printable body hides them from a search of its bytes."""
+    try:
+        return sum(1 for _ in pattern.finditer(mailbox.readable(path.read_bytes())))
+    except FileNotFoundError:  # removed meanwhile
+        return 0
 
 
 def _sqlite_values(path: Path, strings: list[str]) -> int | None:

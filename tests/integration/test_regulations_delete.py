@@ -1,14 +1,18 @@
 """A SUPPRESS_WITH_DELETE through HTTP on a real server, collector and pipeline, proven the way a
-privacy officer would have to: nothing of the subject anywhere in the data dir, no process
-holding a deleted file open, no profile answer, no time travel back, and a rebuild from the
-landing files equal to the incremental state (so the other customers, one of whom shared an
-anonymousId with the subject, equal a build that never saw the subject)."""
+privacy officer would have to: nothing of the subject anywhere in the data dir (the local
+mailbox's messages to or about them included), no process holding a deleted file open, no
+profile answer, no time travel back, and a rebuild from the landing files equal to the
+incremental state (so the other customers, one of whom shared an anonymousId with the subject,
+equal a build that never saw the subject)."""
 
 from __future__ import annotations
 
+import base64
+import email
 import os
 import secrets
 import shutil
+import smtplib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +21,9 @@ import duckdb
 import httpx
 import pyarrow.parquet as pq
 import pytest
+from aiosmtpd.controller import Controller
 
+from mallard.mailbox import MailboxHandler
 from mallard.paths import DataPaths
 from orchestration.warehouse import lake_connection
 from tests.conftest import free_port, mallard, wait_landed
@@ -30,12 +36,13 @@ SUBJECT = f"subj-{U}"
 NEIGHBOUR = f"nb-{U}"
 OTHER = f"other-{U}"
 EMAIL = f"subj-{U}@example.test"
+OTHER_EMAIL = f"other-{U}@example.test"
 ANON = f"anon-subj-{U}"
 SHARED = f"anon-shared-{U}"
 USERS: dict[str, dict[str, Any]] = {
     SUBJECT: {"email": EMAIL, "firstName": "Sub", "lastName": f"Ject{U}"},
     NEIGHBOUR: {"email": f"nb-{U}@example.test"},
-    OTHER: {"email": f"other-{U}@example.test"},
+    OTHER: {"email": OTHER_EMAIL},
 }
 
 
@@ -69,6 +76,21 @@ def _landing_event_ids(data: Path) -> set[str]:
     return out
 
 
+def _mailbox(env: PrefsEnv) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in DataPaths(env.server.data_dir).mailbox_dir.glob("*")}
+
+
+def _mail(port: int, to: str, body: str) -> None:
+    """A message to the local mailbox, its body base64 (as mail with non-ASCII text often is)."""
+    raw = (
+        f"From: Shop <shop@example.com>\r\nTo: {to}\r\nSubject: Re: your account\r\n"
+        "MIME-Version: 1.0\r\nContent-Type: text/plain; charset=utf-8\r\n"
+        "Content-Transfer-Encoding: base64\r\n\r\n"
+    ).encode() + base64.encodebytes(body.encode())
+    with smtplib.SMTP("127.0.0.1", port, timeout=30) as smtp:
+        smtp.sendmail("shop@example.com", [to], raw)
+
+
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefsEnv]:
     # The mail server's address is a port nothing listens on: sends wait in the outbox.
@@ -80,7 +102,24 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefsEnv]:
 
 
 @pytest.fixture(scope="module")
-def before(env: PrefsEnv) -> dict[str, Any]:
+def mailbox(env: PrefsEnv) -> Iterator[int]:
+    """The local mailbox `make run` starts, keeping messages in the server's data dir; its SMTP
+    port. The test mails it itself: a send of the dispatcher would land an outcome event, and
+    the Access filed next would then run a pass of its own."""
+    box = Controller(
+        MailboxHandler(DataPaths(env.server.data_dir).mailbox_dir),
+        hostname="127.0.0.1",
+        port=free_port(),
+    )
+    box.start()
+    try:
+        yield box.port
+    finally:
+        box.stop()
+
+
+@pytest.fixture(scope="module")
+def before(env: PrefsEnv, mailbox: int) -> dict[str, Any]:
     """The subject's and the others' activity, a pass, an Access zip; what was there before."""
     t0 = "2026-01-01T00:00:0{}Z"
     ids = [
@@ -181,6 +220,14 @@ def before(env: PrefsEnv) -> dict[str, Any]:
     env.server.pipeline()
     outbox = (env.server.data_dir / "outbox.sqlite").read_bytes()
     assert EMAIL.encode() in outbox  # the send to retry, rendered for the subject
+    # In the local mailbox: an email to the subject, one about them to someone else (their
+    # address only in its encoded body), and one to another customer.
+    _mail(mailbox, EMAIL, "Welcome, Sub!")
+    _mail(mailbox, "support@example.test", f"Zoë asks us to forget {EMAIL}.")
+    _mail(mailbox, OTHER_EMAIL, "Zoë, your order has shipped.")
+    mail = _mailbox(env)
+    assert len(mail) == 3 and sum(EMAIL.encode() in raw for raw in mail.values()) == 1
+    [other_mail] = [n for n, raw in mail.items() if OTHER_EMAIL.encode() in raw]
     meta = env.server.get(f"profiles/userId:{SUBJECT}/meta").json()
     first = env.server.get(f"profiles/userId:{SUBJECT}/events", params={"size": 1}).json()
     assert first["data"] and first["scrollId"]
@@ -218,6 +265,7 @@ def before(env: PrefsEnv) -> dict[str, Any]:
         "events": events_before[0] if events_before else 0,
         "access": access,
         "scroll": first["scrollId"],
+        "other_mail": (other_mail, mail[other_mail]),
     }
 
 
@@ -250,6 +298,7 @@ def test_evidence_counts_what_was_deleted_and_finds_nothing_left(
     assert evidence["snapshotsExpired"] > 0 and evidence["filesDeleted"] > 0
     assert evidence["accessZipsRemoved"] == 1 and evidence["preferencesJournalRows"] >= 1
     assert evidence["outboxRows"]["sends"] == 1
+    assert evidence["mailboxMessagesRemoved"] == 2
     # The Access zip filed before held exactly the rows the Delete removed, table by table.
     assert before["access"]["evidence"]["rowsExported"] == evidence["rowsDeleted"]
 
@@ -267,7 +316,18 @@ def test_no_byte_of_the_subject_is_left_in_the_data_dir(
         if path.suffix == ".parquet":  # values, decompressed
             text = str(pq.read_table(path).to_pylist()).encode()
             hits += [f"{path} (values): {s.decode()}" for s in wanted if s in text]
+        if ".eml" in path.name:  # bodies, decoded from base64 or quoted-printable
+            parts = email.message_from_bytes(data).walk()
+            text = b"".join(bytes(p.get_payload(decode=True) or b"") for p in parts)
+            hits += [f"{path} (decoded): {s.decode()}" for s in wanted if s in text]
     assert hits == []
+
+
+def test_the_mailbox_keeps_only_the_messages_not_about_the_subject(
+    env: PrefsEnv, deleted: dict[str, Any], before: dict[str, Any]
+) -> None:
+    name, raw = before["other_mail"]
+    assert _mailbox(env) == {name: raw}
 
 
 def test_no_process_holds_a_deleted_file_open(env: PrefsEnv, deleted: dict[str, Any]) -> None:

@@ -4,6 +4,7 @@ only when the project's own source does not hold it."""
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 
 from mallard.paths import DataPaths
@@ -31,3 +32,23 @@ def test_a_fixture_id_in_dbt_output_is_not_the_subject_but_elsewhere_it_is(tmp_p
 
     assert found == {"dbt/target/compiled/mallard/int_identity_map.sql": 1, "notes.txt": 2}
     assert bytes_found(paths, [FIXTURE_USER]) == {"notes.txt": 1}
+
+
+def test_a_mailbox_message_is_searched_decoded_and_while_it_is_written(tmp_path: Path) -> None:
+    paths = DataPaths(tmp_path / "data")
+    paths.mailbox_dir.mkdir(parents=True)
+    body = base64.encodebytes(b"Please forget subj-7f3a@example.test\n")
+    raw = (
+        b"To: support@example.test\r\nSubject: a request\r\nMIME-Version: 1.0\r\n"
+        b"Content-Type: text/plain; charset=utf-8\r\nContent-Transfer-Encoding: base64\r\n\r\n"
+    ) + body
+    assert b"subj-7f3a" not in raw
+    (paths.mailbox_dir / "00000000000000000001-1-000000.eml").write_bytes(raw)
+    (paths.mailbox_dir / ".00000000000000000002-1-000001.eml.tmp").write_bytes(raw)
+
+    found = bytes_found(paths, ["subj-7f3a@example.test"])
+
+    assert found == {
+        "mailbox/00000000000000000001-1-000000.eml": 1,
+        "mailbox/.00000000000000000002-1-000001.eml.tmp": 1,
+    }
