@@ -40,8 +40,8 @@ from mallard.harness import free_port, init_data_dir, mallard
 from mallard.paths import DataPaths
 from mallard.warehouse import connect
 from orchestration.context import subscription_id
-from tests.system.oracle import Oracle
-from tests.system.product import DAEMON, JOURNEY_ID, WATCHER, Mail, Product
+from tests.system.oracle import Oracle, Sent
+from tests.system.product import DAEMON, JOURNEY_ID, WATCHER, Mail
 
 # Examples of one kind of failure shown before the rest are counted.
 SHOWN = 6
@@ -99,11 +99,15 @@ def _at(oracle: Oracle, t: float) -> str:
 # --- 1 -----------------------------------------------------------------------------------------
 
 
-def events_exactly_once(oracle: Oracle, paths: DataPaths) -> Failures:
-    rows = lake_rows(
+def read_events(paths: DataPaths) -> list[dict[str, Any]]:
+    return lake_rows(
         paths,
         "select event_id, message_id, account_id, user_id, source, record from lake.marts.events",
     )
+
+
+def events_exactly_once(oracle: Oracle, rows: list[dict[str, Any]]) -> Failures:
+    """`rows`: marts.events (read_events)."""
     f = Failures()
     for event_id, n in Counter(r["event_id"] for r in rows).items():
         if n > 1:
@@ -375,7 +379,21 @@ def deleted_leave_nothing(
 # --- 5 -----------------------------------------------------------------------------------------
 
 
-def emails_at_most_once(oracle: Oracle, mails: list[Mail], paths: DataPaths) -> Failures:
+def read_sent_emails(paths: DataPaths) -> list[tuple[str, str]]:
+    """(send id, recipient) of the email sends the outbox marks sent."""
+    if not paths.outbox_db.exists():
+        return []
+    conn = sqlite3.connect(f"file:{paths.outbox_db}?mode=ro", uri=True)
+    try:
+        return conn.execute(
+            "select send_id, recipient from sends where status = 'sent' and channel = 'email'"
+        ).fetchall()
+    finally:
+        conn.close()
+
+
+def emails_at_most_once(oracle: Oracle, mails: list[Mail], sent: list[tuple[str, str]]) -> Failures:
+    """`mails`: what the sink got; `sent`: the outbox's sends marked sent (read_sent_emails)."""
     f = Failures()
     arrivals: dict[str, list[float]] = defaultdict(list)
     for m in mails:
@@ -394,15 +412,6 @@ def emails_at_most_once(oracle: Oracle, mails: list[Mail], paths: DataPaths) -> 
                 )
         elif len(times) > 2:
             f.add("more than twice", f"{message_id}: {len(times)} times")
-    sent: list[tuple[str, str]] = []
-    if paths.outbox_db.exists():
-        conn = sqlite3.connect(f"file:{paths.outbox_db}?mode=ro", uri=True)
-        try:
-            sent = conn.execute(
-                "select send_id, recipient from sends where status = 'sent' and channel = 'email'"
-            ).fetchall()
-        finally:
-            conn.close()
     for send_id, recipient in sent:
         if f"<{send_id}@mallard>" not in arrivals:
             f.add("marked sent in the outbox, never arrived", f"{send_id} to {recipient}")
@@ -418,14 +427,17 @@ def emails_at_most_once(oracle: Oracle, mails: list[Mail], paths: DataPaths) -> 
 # --- 6 -----------------------------------------------------------------------------------------
 
 
-def journeys_replay(oracle: Oracle, paths: DataPaths, replays: dict[str, list[str]]) -> Failures:
-    """`replays`: persona never regulated -> the step ids `dry_run` takes for it now."""
-    f = Failures()
-    starts = [
+def journey_starts(oracle: Oracle, eligible: set[str]) -> list[Sent]:
+    """The acknowledged start_journey commands of these personas."""
+    return [
         s
         for s in oracle.sent.values()
-        if s.kind == "start_journey" and s.event_ids and s.user_id in replays
+        if s.kind == "start_journey" and s.event_ids and s.user_id in eligible
     ]
+
+
+def read_journeys(paths: DataPaths) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The test journey's rows of marts.journey_instances and marts.journey_steps."""
     instances = lake_rows(
         paths,
         "select instance_id, user_id, command_event_id, status, exit_reason, current_step_id"
@@ -438,6 +450,19 @@ def journeys_replay(oracle: Oracle, paths: DataPaths, replays: dict[str, list[st
         " where journey_id = ?",
         [JOURNEY_ID],
     )
+    return instances, steps
+
+
+def journeys_replay(
+    oracle: Oracle,
+    instances: list[dict[str, Any]],
+    steps: list[dict[str, Any]],
+    replays: dict[str, list[str]],
+) -> Failures:
+    """`instances`, `steps`: read_journeys; `replays`: each persona never regulated -> the step
+    ids `dry_run` takes for it now."""
+    f = Failures()
+    starts = journey_starts(oracle, set(replays))
     by_command: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for inst in instances:
         by_command[inst["command_event_id"]].append(inst)
@@ -486,11 +511,17 @@ def _chain(steps: list[dict[str, Any]]) -> list[str]:
 # --- 7 -----------------------------------------------------------------------------------------
 
 
-def no_failed_pass_after_recovery(oracle: Oracle, product: Product) -> Failures:
+def no_failed_pass_after_recovery(
+    oracle: Oracle,
+    watcher: list[tuple[float, str]],
+    dagster_failed: list[tuple[str, str, float, str]],
+) -> Failures:
+    """`watcher`: the watcher's log lines (wall time, line); `dagster_failed`:
+    failed_dagster_runs."""
     f = Failures()
     since = oracle.last_recovery()
     before = 0
-    for at, line in product.log_lines(WATCHER):
+    for at, line in watcher:
         if line.startswith("FAIL"):
             if at > since:
                 f.add("a watcher pass failed", f"{_at(oracle, at)} {line[:400]}")
@@ -498,25 +529,25 @@ def no_failed_pass_after_recovery(oracle: Oracle, product: Product) -> Failures:
                 before += 1
     for run in oracle.runs:
         if run.role == "compaction" and run.returncode != 0:
-            tail = (run.output.strip().splitlines() or [""])[-1]
+            fails = [ln for ln in run.output.splitlines() if ln.startswith("FAIL")]
+            why = "; ".join(fails) or (run.output.strip().splitlines() or [""])[-1]
             if run.t0 > since:
-                f.add(f"{run.what} failed", f"{_at(oracle, run.t0)} {tail[:400]}")
+                f.add(f"{run.what} failed", f"{_at(oracle, run.t0)} {why[:500]}")
             else:
                 before += 1
-    failed = failed_dagster_runs(product.paths)
-    for run_id, job, started, error in failed:
+    for run_id, job, started, error in dagster_failed:
         if started > since:
-            f.add("a Dagster run failed", f"{job} {run_id} {_at(oracle, started)}: {error[:400]}")
+            f.add("a Dagster run failed", f"{job} {run_id[:8]} {_at(oracle, started)}: {error}")
     f.info.append(
         f"last recovery at {_at(oracle, since)}; before it: {before} failed watcher steps or"
-        f" schedule runs, {sum(1 for r in failed if r[2] <= since)} failed Dagster runs"
+        f" schedule runs, {sum(1 for r in dagster_failed if r[2] <= since)} failed Dagster runs"
     )
     return f
 
 
 def failed_dagster_runs(paths: DataPaths) -> list[tuple[str, str, float, str]]:
-    """(run id, job, start time, first step error) of every failed run of the data dir's
-    Dagster instance."""
+    """(run id, job, start time, the error at the root of its first step failure) of every
+    failed run of the data dir's Dagster instance."""
     import dagster as dg
 
     out = []
@@ -526,12 +557,21 @@ def failed_dagster_runs(paths: DataPaths) -> list[tuple[str, str, float, str]]:
         )
         for rec in records:
             started = rec.start_time or rec.create_timestamp.timestamp()
-            error = ""
+            error = "no step failed"
             for event in instance.all_logs(rec.dagster_run.run_id):
                 dagster_event = event.dagster_event
                 if dagster_event is not None and dagster_event.is_step_failure:
-                    err = dagster_event.step_failure_data.error
-                    error = err.message.strip().splitlines()[-1] if err else "step failed"
+                    error = _root_error(dagster_event.step_failure_data.error)
                     break
             out.append((rec.dagster_run.run_id, rec.dagster_run.job_name, started, error))
     return out
+
+
+def _root_error(err: Any) -> str:
+    """The innermost cause of a Dagster error, its message's first lines in one."""
+    while err is not None and err.cause is not None:
+        err = err.cause
+    if err is None:
+        return "step failed"
+    lines = [ln.strip() for ln in err.message.strip().splitlines() if ln.strip()]
+    return " | ".join(lines[:3])[:500]

@@ -104,7 +104,8 @@ class Oracle:
         self.kills: list[Kill] = []
         self.runs: list[Run] = []
         self.preferences: list[Preference] = []
-        self.anomalies: list[str] = []  # answers or errors no role expected
+        self.anomalies: list[str] = []  # answers no role expected: shown, not failures
+        self.problems: list[str] = []  # a role that crashed or never ended: a failure
         self.started = time.time()
         self.ended: float | None = None
 
@@ -138,6 +139,10 @@ class Oracle:
     def anomaly(self, what: str) -> None:
         with self.lock:
             self.anomalies.append(f"{time.time() - self.started:7.1f}s {what}")
+
+    def problem(self, what: str) -> None:
+        with self.lock:
+            self.problems.append(f"{time.time() - self.started:7.1f}s {what}")
 
     # --- what the checks ask ------------------------------------------------------------------
 
@@ -173,5 +178,6 @@ class Oracle:
                 "runs": [asdict(r) for r in self.runs],
                 "preferences": [asdict(p) for p in self.preferences],
                 "anomalies": self.anomalies,
+                "problems": self.problems,
             }
         path.write_text(json.dumps(doc, indent=1))

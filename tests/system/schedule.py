@@ -164,7 +164,9 @@ class Schedule:
                     client, f"{self.product.base}/identify", body, [(p.user_id, body)], "api"
                 )
 
-    def run(self) -> None:
+    def run(self, until: float) -> None:
+        """Runs every role for the duration, then waits for what they started until `until`
+        (time.monotonic)."""
         self.start = time.time()
         roles: list[tuple[str, Callable[[], None]]] = [
             (f"sender-{i}", lambda i=i: self._sender(i)) for i in range(self.senders)
@@ -183,16 +185,16 @@ class Schedule:
         time.sleep(self.duration)
         self.stop.set()
         for t in threads:
-            t.join(RETRY_GRACE_S + 600)
+            t.join(max(0.0, until - time.monotonic()))
             if t.is_alive():
-                self.oracle.anomaly(f"role {t.name} still running after the schedule")
+                self.oracle.problem(f"role {t.name} still running at the end")
         self.oracle.ended = time.time()
 
     def _guard(self, name: str, fn: Callable[[], None]) -> None:
         try:
             fn()
         except Exception:
-            self.oracle.anomaly(f"role {name} crashed:\n{traceback.format_exc()}")
+            self.oracle.problem(f"role {name} crashed:\n{traceback.format_exc()}")
 
     def _elapsed(self) -> float:
         return time.time() - self.start
@@ -316,6 +318,10 @@ class Schedule:
         rng = random.Random(f"{self.seed}:preferences")
         plain = [p for p in self.personas if p.group == PLAIN]
         with httpx.Client(timeout=30) as client:
+            # A customer's preferences exist once a pass has modelled it: updates start then.
+            first = f"{self.product.url}/cdp/marketing-preferences/{self._sid(plain[0])}"
+            while self._wait(2.0) and _status(client, first) != 200:
+                pass
             while self._wait(rng.uniform(1.0, 4.0)):
                 p = rng.choice(plain)
                 body: dict[str, Any] = {
@@ -324,9 +330,7 @@ class Schedule:
                         {"category": "product_updates", "subscribed": rng.random() < 0.6}
                     ],
                 }
-                customer = hashlib.md5(f"demo|user:{p.user_id}".encode()).hexdigest()
-                sid = subscription_id(self.secret, customer)
-                url = f"{self.product.url}/cdp/marketing-preferences/{sid}"
+                url = f"{self.product.url}/cdp/marketing-preferences/{self._sid(p)}"
                 t0 = time.time()
                 try:
                     status: int | None = client.post(
@@ -335,6 +339,10 @@ class Schedule:
                 except httpx.HTTPError:
                     status = None
                 self.oracle.preference(Preference(p.user_id, body, t0, time.time(), status))
+
+    def _sid(self, p: Persona) -> str:
+        customer = hashlib.md5(f"demo|user:{p.user_id}".encode()).hexdigest()
+        return subscription_id(self.secret, customer)
 
     # --- the timed actions -------------------------------------------------------------------
 
@@ -497,6 +505,13 @@ class Schedule:
         path.write_text(json.dumps(doc, indent=1))
 
 
+def _status(client: httpx.Client, url: str) -> int | None:
+    try:
+        return client.get(url).status_code
+    except httpx.HTTPError:
+        return None
+
+
 def _kind(msg: dict[str, Any]) -> str:
     event = str(msg.get("event", ""))
     if event.lower() in ("send_email", "start_journey"):
@@ -526,18 +541,3 @@ def _message(rng: random.Random, p: Persona, message_id: str, route: str) -> dic
     else:
         msg["name"] = rng.choice(["Main", "Cart"])
     return msg
-
-
-def run_in_background(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
-    """fn on a thread; the list holds its result (or the exception it raised) once joined."""
-    out: list[Any] = []
-
-    def target() -> None:
-        try:
-            out.append(fn())
-        except BaseException as e:  # reported by the caller
-            out.append(e)
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    return t, out
