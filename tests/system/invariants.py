@@ -1,0 +1,577 @@
+"""The invariants of the whole-system test, each a function that returns the failures it found
+(grouped by kind, with a few examples each) and what it checked, against the oracle, once the
+pipeline is idle.
+
+1. events_exactly_once: every acknowledged message of a persona not deleted is in marts.events
+   exactly once (by messageId, under one of its acknowledged eventIds, attributed to its
+   persona), and so is every row of an import; a message every try of which a regulation
+   dropped (eventId null) is not; no eventId and no (account, messageId) twice.
+2. marts_equal_rebuild: the marts equal those of a pass over a copy of the landing files in a
+   fresh data dir (order-insensitive; pass-stamped columns left out).
+3. regulations_finished: every regulation of the account finished.
+4. deleted_leave_nothing: after each finished Delete, no identifier of the persona (userId,
+   anonymousId, email, customer id, subscription id) in any lake table, landing file or other
+   file of the data dir (Parquet and SQLite read by value: orchestration/regulations/verify.py),
+   and none of its messageIds in a lake table or landing file.
+5. emails_at_most_once: each Message-ID reached the SMTP sink once, or twice when a process that
+   dispatches was killed between the two arrivals, at most 10 s after the first; every send the
+   outbox marks sent arrived.
+6. journeys_replay: every start_journey of a persona never regulated made one journey instance,
+   which ended at the exit step along the path `dry_run` (orchestration/delivery/journeys.py)
+   gives for the persona at the end (its branch reads a trait set once).
+7. no_failed_pass_after_recovery: no pass failed after the last killed process was back: no FAIL
+   line of the watcher, no failed Dagster run (regulations' passes, daemon launches, the
+   compaction job), no failed pass or compaction the schedule ran.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sqlite3
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mallard.harness import free_port, init_data_dir, mallard
+from mallard.paths import DataPaths
+from mallard.warehouse import connect
+from orchestration.context import subscription_id
+from tests.system.oracle import Oracle, Sent
+from tests.system.product import DAEMON, JOURNEY_ID, WATCHER, Mail
+
+# Examples of one kind of failure shown before the rest are counted.
+SHOWN = 6
+# Columns a pass stamps with its own time or id: they differ between any two builds.
+PASS_STAMPED = {"built_at", "pass_id", "full_pass_id", "loaded_at"}
+# Marts that hold when passes ran, not what the messages say.
+NOT_COMPARED = {"freshness"}
+# Columns that hold the time of the pass that saw a change: compared as whether they are set.
+PASS_TIMED = {("audience_members", "entered_at"), ("audience_members", "left_at")}
+# How soon after sending a kill of the dispatcher may leave a send unmarked (its marks are
+# written within 0.5 s, orchestration/delivery/dispatch.py send_due), with room for a slow host.
+KILL_AFTER_SEND_S = 10.0
+# The processes a send can come from: the watcher, the daemon's runs, a regulation's pass.
+DISPATCHERS = {WATCHER, DAEMON, "regulation-run"}
+
+
+@dataclass
+class Failures:
+    """One invariant's failures by kind (a few examples of each, then a count), and notes of
+    what it checked."""
+
+    kinds: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    info: list[str] = field(default_factory=list)
+
+    def add(self, kind: str, example: str) -> None:
+        self.kinds[kind].append(example)
+
+    def __bool__(self) -> bool:
+        return bool(self.kinds)
+
+    def report(self) -> list[str]:
+        out = []
+        for kind, examples in self.kinds.items():
+            out.append(f"{kind}: {len(examples)}")
+            out += [f"    {e}" for e in examples[:SHOWN]]
+            if len(examples) > SHOWN:
+                out.append(f"    ... and {len(examples) - SHOWN} more")
+        return out
+
+
+def lake_rows(paths: DataPaths, sql: str, params: Any = None) -> list[dict[str, Any]]:
+    conn = connect(paths, read_only=True)
+    try:
+        cur = conn.execute(sql, params or [])
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+    finally:
+        conn.close()
+
+
+def _at(oracle: Oracle, t: float) -> str:
+    return f"+{t - oracle.started:.1f}s"
+
+
+# --- 1 -----------------------------------------------------------------------------------------
+
+
+def read_events(paths: DataPaths) -> list[dict[str, Any]]:
+    return lake_rows(
+        paths,
+        "select event_id, message_id, account_id, user_id, source, record from lake.marts.events",
+    )
+
+
+def events_exactly_once(oracle: Oracle, rows: list[dict[str, Any]]) -> Failures:
+    """`rows`: marts.events (read_events)."""
+    f = Failures()
+    for event_id, n in Counter(r["event_id"] for r in rows).items():
+        if n > 1:
+            f.add("an eventId more than once in marts.events", f"{event_id}: {n} rows")
+    by_message: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by_message[(r["account_id"], r["message_id"])].append(r)
+    for (account, message_id), found in by_message.items():
+        if len(found) > 1:
+            ids = sorted(r["event_id"] for r in found)
+            f.add("a messageId more than once in marts.events", f"{account}/{message_id}: {ids}")
+    deleted = oracle.deleted_users()
+    acked = dropped = retried = 0
+    for s in oracle.sent.values():
+        if s.user_id in deleted:
+            continue
+        found = by_message.get(("demo", s.message_id), [])
+        what = f"{s.message_id} ({s.kind} via {s.route}, {s.user_id}, eventIds {s.event_ids})"
+        if s.event_ids:
+            acked += 1
+            retried += len(s.event_ids) > 1
+            if not found:
+                f.add("acknowledged, not in marts.events", what)
+            elif len(found) == 1 and found[0]["event_id"] not in s.event_ids and not s.unanswered:
+                f.add("in marts.events under an eventId never acknowledged", f"{what}: {found[0]}")
+            elif len(found) == 1 and found[0]["user_id"] != s.user_id:
+                f.add("attributed to another customer", f"{what}: user_id {found[0]['user_id']}")
+        elif s.dropped and not s.unanswered:
+            dropped += 1
+            if found:
+                f.add("dropped by a regulation (eventId null), yet in marts.events", what)
+    imported = _imported_marks(rows)
+    rows_checked = 0
+    for run in oracle.runs:
+        if run.role != "import" or run.returncode != 0:
+            continue
+        for user, mark in run.rows:
+            if user in deleted:
+                continue
+            rows_checked += 1
+            n = imported.get(mark, 0)
+            if n != 1:
+                f.add("an imported row not once in marts.events", f"{mark} ({user}): {n} rows")
+    f.info.append(
+        f"{acked} acknowledged messages ({retried} acked more than once), {dropped} dropped by"
+        f" regulations, {rows_checked} imported rows; {len(rows)} rows in marts.events"
+    )
+    if not acked:
+        f.add("no acknowledged message to check", "the schedule sent nothing that was acked")
+    return f
+
+
+def _imported_marks(rows: list[dict[str, Any]]) -> Counter[str]:
+    """importMark trait -> the import rows of marts.events that carry it."""
+    marks: Counter[str] = Counter()
+    for r in rows:
+        if r["source"] != "import":
+            continue
+        record = json.loads(r["record"]) if isinstance(r["record"], str) else r["record"]
+        mark = _find_key(record, "importMark")
+        if mark is not None:
+            marks[str(mark)] += 1
+    return marks
+
+
+def _find_key(value: Any, key: str) -> Any:
+    if isinstance(value, dict):
+        if key in value:
+            return value[key]
+        value = list(value.values())
+    if isinstance(value, list):
+        for v in value:
+            found = _find_key(v, key)
+            if found is not None:
+                return found
+    return None
+
+
+# --- 2 -----------------------------------------------------------------------------------------
+
+
+def read_marts(paths: DataPaths) -> dict[str, list[str]]:
+    """Every mart as canonical JSON rows, sorted; pass-stamped columns left out, pass-timed ones
+    as whether they are set."""
+    conn = connect(paths, read_only=True)
+    try:
+        tables = [
+            r[0]
+            for r in conn.execute(
+                "select table_name from information_schema.tables"
+                " where table_catalog = 'lake' and table_schema = 'marts' order by 1"
+            ).fetchall()
+        ]
+        out = {}
+        for table in tables:
+            if table in NOT_COMPARED:
+                continue
+            cur = conn.execute(f'select * from lake.marts."{table}"')
+            cols = [d[0] for d in cur.description]
+            rows = []
+            for r in cur.fetchall():
+                row = {}
+                for c, v in zip(cols, r, strict=True):
+                    if c in PASS_STAMPED:
+                        continue
+                    row[c] = (v is not None) if (table, c) in PASS_TIMED else _plain(v)
+                rows.append(json.dumps(row, sort_keys=True, default=str))
+            out[table] = sorted(rows)
+        return out
+    finally:
+        conn.close()
+
+
+def _plain(value: Any) -> Any:
+    """JSON text as the value it holds, so key order inside it does not count."""
+    if isinstance(value, str) and value[:1] in "[{":
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def rebuild(source: DataPaths, dest: Path, env: dict[str, str]) -> dict[str, list[str]]:
+    """The marts of a pass over a copy of the source's landing files in a fresh data dir (with
+    its secret, so subscription ids are the same; one pass per 2,000 files). What the rebuild's
+    own dispatch lands between its passes is removed, so only the copies are read. `env`: the
+    product's (its config dir); its SMTP address is replaced by a closed port."""
+    init_data_dir(dest)
+    paths = DataPaths(dest)
+    shutil.copy(source.secret_file, paths.secret_file)
+    shutil.copytree(source.landing_dir, paths.landing_dir, dirs_exist_ok=True)
+    copies = {p.relative_to(paths.landing_dir) for p in paths.landing_dir.glob("date=*/*.parquet")}
+    run_env = {
+        **env,
+        "MALLARD_DATA_DIR": str(dest),
+        "DAGSTER_HOME": str(paths.dagster_home),
+        "MALLARD_SMTP_URL": f"smtp://127.0.0.1:{free_port()}",
+    }
+    for _ in range(len(copies) // 2000 + 1):
+        out = mallard("pipeline", "run", data_dir=dest, env=run_env, timeout=1800, check=False)
+        if out.returncode:
+            raise AssertionError(f"the rebuild's pass failed:\n{out.stdout}\n{out.stderr[-3000:]}")
+        for p in paths.landing_dir.glob("date=*/*.parquet"):
+            if p.relative_to(paths.landing_dir) not in copies:
+                p.unlink()
+        loaded = lake_rows(paths, "select count(*) as n from lake.raw.landing_files")[0]["n"]
+        if loaded >= len(copies):
+            break
+    return read_marts(paths)
+
+
+def marts_equal_rebuild(live: dict[str, list[str]], rebuilt: dict[str, list[str]]) -> Failures:
+    f = Failures()
+    for table in sorted(set(live) | set(rebuilt)):
+        a, b = Counter(live.get(table, [])), Counter(rebuilt.get(table, []))
+        if a == b:
+            continue
+        kind = f"marts.{table}: {a.total()} rows live, {b.total()} rebuilt"
+        only_live, only_rebuilt = list((a - b).elements()), list((b - a).elements())
+        f.add(kind, f"{len(only_live)} rows only live, {len(only_rebuilt)} only rebuilt")
+        for row in only_live[:2]:
+            f.add(kind, f"live only: {row[:500]}")
+        for row in only_rebuilt[:2]:
+            f.add(kind, f"rebuilt only: {row[:500]}")
+    f.info.append(f"{len(live)} marts, {sum(len(v) for v in live.values())} rows live")
+    return f
+
+
+# --- 3 -----------------------------------------------------------------------------------------
+
+
+def regulations_finished(oracle: Oracle, regulations: list[dict[str, Any]]) -> Failures:
+    """`regulations`: each regulation of the account as `GET regulations/{id}` answers it."""
+    f = Failures()
+    known = {r["regulationId"] for r in regulations}
+    for filing in oracle.filings:
+        if filing.regulation_id and filing.regulation_id not in known:
+            f.add("answered, and not listed", f"{filing.regulation_id} {filing.regulation_type}")
+    for r in regulations:
+        if r.get("status") != "finished":
+            f.add(
+                f"not finished ({r.get('status')})",
+                f"{r['regulationId']} {r.get('regulationType')}: {str(r.get('error'))[:500]}",
+            )
+    kinds = Counter(str(r.get("regulationType")) for r in regulations)
+    f.info.append(f"{len(regulations)} regulations: {dict(kinds)}")
+    if not regulations:
+        f.add("no regulation to check", "the schedule filed none that was answered")
+    return f
+
+
+# --- 4 -----------------------------------------------------------------------------------------
+
+
+def personas_identifiers(personas: Iterable[Any], secret_hex: str) -> dict[str, list[str]]:
+    """Persona userId -> the identifiers a Delete must leave nowhere."""
+    out = {}
+    for p in personas:
+        customer = hashlib.md5(f"demo|user:{p.user_id}".encode()).hexdigest()
+        out[p.user_id] = [
+            p.user_id,
+            p.anonymous_id,
+            p.email,
+            customer,
+            subscription_id(secret_hex, customer),
+        ]
+    return out
+
+
+def finished_deletes(
+    regulations: list[dict[str, Any]], users: Iterable[str], paths: DataPaths
+) -> set[str]:
+    """Those of `users` a finished Delete (SUPPRESS_WITH_DELETE or DELETE) names: by the hash
+    of the userId, the only thing of it a finished Delete keeps."""
+    from mallard.regulations import RegulationStore
+
+    store = RegulationStore(paths)
+    try:
+        hashes = {store.hash("demo", u): u for u in users}
+    finally:
+        store.close()
+    return {
+        hashes[s["idHash"]]
+        for r in regulations
+        if r.get("status") == "finished" and "DELETE" in str(r.get("regulationType"))
+        for s in r.get("subjects", [])
+        if s.get("idHash") in hashes
+    }
+
+
+def deleted_leave_nothing(
+    oracle: Oracle,
+    paths: DataPaths,
+    identifiers: dict[str, list[str]],
+    finished: set[str],
+) -> Failures:
+    """`identifiers`: persona -> its identifiers, of every persona a Delete was filed for;
+    `finished`: the personas whose Delete finished (only those are searched)."""
+    from orchestration.regulations import verify
+
+    f = Failures()
+    unfinished = sorted(set(identifiers) - finished)
+    if unfinished:
+        f.info.append(f"not searched, their Delete did not finish (see 3): {unfinished}")
+    searched = {u: s for u, s in identifiers.items() if u in finished}
+    message_ids: dict[str, list[str]] = defaultdict(list)
+    for s in oracle.sent.values():
+        if s.user_id in searched:
+            message_ids[s.user_id].append(s.message_id)
+    conn = connect(paths, read_only=True)
+    try:
+        for user, strings in searched.items():
+            for where, n in verify.rows_remaining(conn, strings).items():
+                f.add("identifiers in a lake table", f"{user}: {where}: {n} rows")
+            for where, n in verify.rows_remaining(conn, message_ids[user]).items():
+                f.add("messageIds in a lake table", f"{user}: {where}: {n} rows")
+    finally:
+        conn.close()
+    for user, strings in searched.items():
+        for where, n in verify.landing_rows_remaining(paths, strings + message_ids[user]).items():
+            f.add("in a landing file", f"{user}: {where}: {n} rows")
+        for where, n in verify.bytes_found(paths, strings).items():
+            f.add("in the bytes of a file of the data dir", f"{user}: {where}: {n} times")
+    f.info.append(f"searched for {len(searched)} deleted personas: {sorted(searched)}")
+    return f
+
+
+# --- 5 -----------------------------------------------------------------------------------------
+
+
+def read_sent_emails(paths: DataPaths) -> list[tuple[str, str]]:
+    """(send id, recipient) of the email sends the outbox marks sent."""
+    if not paths.outbox_db.exists():
+        return []
+    conn = sqlite3.connect(f"file:{paths.outbox_db}?mode=ro", uri=True)
+    try:
+        return conn.execute(
+            "select send_id, recipient from sends where status = 'sent' and channel = 'email'"
+        ).fetchall()
+    finally:
+        conn.close()
+
+
+def emails_at_most_once(oracle: Oracle, mails: list[Mail], sent: list[tuple[str, str]]) -> Failures:
+    """`mails`: what the sink got; `sent`: the outbox's sends marked sent (read_sent_emails)."""
+    f = Failures()
+    arrivals: dict[str, list[float]] = defaultdict(list)
+    for m in mails:
+        arrivals[m.message_id].append(m.at)
+    kills = [k.at for k in oracle.kills if k.victim in DISPATCHERS and k.pid]
+    twice = 0
+    for message_id, times in arrivals.items():
+        times.sort()
+        if len(times) == 2:
+            first, second = times
+            twice += 1
+            if not any(first <= k <= second and k - first <= KILL_AFTER_SEND_S for k in kills):
+                f.add(
+                    "twice, with no kill of a dispatcher right after the first",
+                    f"{message_id} at {_at(oracle, first)} and {_at(oracle, second)}",
+                )
+        elif len(times) > 2:
+            f.add("more than twice", f"{message_id}: {len(times)} times")
+    for send_id, recipient in sent:
+        if f"<{send_id}@mallard>" not in arrivals:
+            f.add("marked sent in the outbox, never arrived", f"{send_id} to {recipient}")
+    f.info.append(
+        f"{len(mails)} emails, {len(arrivals)} Message-IDs ({twice} twice),"
+        f" {len(sent)} sends marked sent"
+    )
+    if not mails:
+        f.add("no email arrived", "the schedule's commands sent nothing")
+    return f
+
+
+# --- 6 -----------------------------------------------------------------------------------------
+
+
+def journey_starts(oracle: Oracle, eligible: set[str]) -> list[Sent]:
+    """The acknowledged start_journey commands of these personas."""
+    return [
+        s
+        for s in oracle.sent.values()
+        if s.kind == "start_journey" and s.event_ids and s.user_id in eligible
+    ]
+
+
+def read_journeys(paths: DataPaths) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The test journey's rows of marts.journey_instances and marts.journey_steps."""
+    instances = lake_rows(
+        paths,
+        "select instance_id, user_id, command_event_id, status, exit_reason, current_step_id"
+        " from lake.marts.journey_instances where journey_id = ?",
+        [JOURNEY_ID],
+    )
+    steps = lake_rows(
+        paths,
+        "select instance_id, step_id, previous_step_id from lake.marts.journey_steps"
+        " where journey_id = ?",
+        [JOURNEY_ID],
+    )
+    return instances, steps
+
+
+def journeys_replay(
+    oracle: Oracle,
+    instances: list[dict[str, Any]],
+    steps: list[dict[str, Any]],
+    replays: dict[str, list[str]],
+) -> Failures:
+    """`instances`, `steps`: read_journeys; `replays`: each persona never regulated -> the step
+    ids `dry_run` takes for it now."""
+    f = Failures()
+    starts = journey_starts(oracle, set(replays))
+    by_command: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for inst in instances:
+        by_command[inst["command_event_id"]].append(inst)
+    steps_of: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for s in steps:
+        steps_of[s["instance_id"]].append(s)
+    for s in starts:
+        found = [i for e in s.event_ids for i in by_command.get(e, [])]
+        what = f"{s.message_id} of {s.user_id} (eventIds {s.event_ids})"
+        if len(found) != 1:
+            f.add("a start_journey not in exactly one instance", f"{what}: {len(found)}")
+            continue
+        inst = found[0]
+        path = _chain(steps_of[inst["instance_id"]])
+        if inst["status"] != "exited" or inst["exit_reason"] != "exit_step":
+            f.add(
+                "an instance not ended at its exit step",
+                f"{what}: {inst['status']} ({inst['exit_reason']}) at"
+                f" {inst['current_step_id']}, path {path}",
+            )
+        if path != replays[s.user_id]:
+            f.add("a path unlike the replay", f"{what}: {path}, replay {replays[s.user_id]}")
+    paths_seen = Counter(" > ".join(p) for p in replays.values())
+    f.info.append(
+        f"{len(starts)} start_journey commands of {len(replays)} unregulated personas;"
+        f" {len(instances)} instances in all; replays {dict(paths_seen)}"
+    )
+    if not starts:
+        f.add("no journey to check", "no start_journey of an unregulated persona was acked")
+    return f
+
+
+def _chain(steps: list[dict[str, Any]]) -> list[str]:
+    """The step ids of an instance in the order entered, each after its previous step."""
+    after = {s["previous_step_id"]: s["step_id"] for s in steps}
+    out: list[str] = []
+    current = after.get(None)
+    while current is not None and len(out) <= len(steps):
+        out.append(current)
+        current = after.get(current)
+    if len(out) != len(steps):
+        out.append(f"(+{len(steps) - len(out)} steps out of the chain)")
+    return out
+
+
+# --- 7 -----------------------------------------------------------------------------------------
+
+
+def no_failed_pass_after_recovery(
+    oracle: Oracle,
+    watcher: list[tuple[float, str]],
+    dagster_failed: list[tuple[str, str, float, str]],
+) -> Failures:
+    """`watcher`: the watcher's log lines (wall time, line); `dagster_failed`:
+    failed_dagster_runs."""
+    f = Failures()
+    since = oracle.last_recovery()
+    before = 0
+    for at, line in watcher:
+        if line.startswith("FAIL"):
+            if at > since:
+                f.add("a watcher pass failed", f"{_at(oracle, at)} {line[:400]}")
+            else:
+                before += 1
+    for run in oracle.runs:
+        if run.role == "compaction" and run.returncode != 0:
+            fails = [ln for ln in run.output.splitlines() if ln.startswith("FAIL")]
+            why = "; ".join(fails) or (run.output.strip().splitlines() or [""])[-1]
+            if run.t0 > since:
+                f.add(f"{run.what} failed", f"{_at(oracle, run.t0)} {why[:500]}")
+            else:
+                before += 1
+    for run_id, job, started, error in dagster_failed:
+        if started > since:
+            f.add("a Dagster run failed", f"{job} {run_id[:8]} {_at(oracle, started)}: {error}")
+    f.info.append(
+        f"last recovery at {_at(oracle, since)}; before it: {before} failed watcher steps or"
+        f" schedule runs, {sum(1 for r in dagster_failed if r[2] <= since)} failed Dagster runs"
+    )
+    return f
+
+
+def failed_dagster_runs(paths: DataPaths) -> list[tuple[str, str, float, str]]:
+    """(run id, job, start time, the error at the root of its first step failure) of every
+    failed run of the data dir's Dagster instance."""
+    import dagster as dg
+
+    out = []
+    with dg.DagsterInstance.from_config(str(paths.dagster_home)) as instance:
+        records = instance.get_run_records(
+            filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE]), limit=1000
+        )
+        for rec in records:
+            started = rec.start_time or rec.create_timestamp.timestamp()
+            error = "no step failed"
+            for event in instance.all_logs(rec.dagster_run.run_id):
+                dagster_event = event.dagster_event
+                if dagster_event is not None and dagster_event.is_step_failure:
+                    error = _root_error(dagster_event.step_failure_data.error)
+                    break
+            out.append((rec.dagster_run.run_id, rec.dagster_run.job_name, started, error))
+    return out
+
+
+def _root_error(err: Any) -> str:
+    """The innermost cause of a Dagster error, its message's first lines in one."""
+    while err is not None and err.cause is not None:
+        err = err.cause
+    if err is None:
+        return "step failed"
+    lines = [ln.strip() for ln in err.message.strip().splitlines() if ln.strip()]
+    return " | ".join(lines[:3])[:500]
