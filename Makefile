@@ -54,7 +54,8 @@ test-deps: install $(CHROMIUM) $(NODE_DEPS) ## install what the tests need beyon
 # integration tests wait on subprocesses much of the time, so two share the 2 cores well. Files
 # go to the workers in collection order (--no-loadscope-reorder; xdist's default puts files with
 # the most tests first, leaving long files of one test to the end, where one worker runs them
-# while the other idles): the longest file first (test_up: `mallard up` starting and stopping
+# while the other idles): the longest files first (the whole-system test, 3 minutes of every role
+# at once with kills, then its invariants; test_up: `mallard up` starting and stopping
 # everything), then the unit tests, whose few long files build lakes (tests/conftest.py).
 test: test-deps ## run the whole test suite (fault-injection variants: make test-faults)
 	$(VENV)/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m 'not faults and not airgap and not reliability and not distributed' --durations=30
@@ -107,9 +108,11 @@ test-distributed: install ## the distributed topology against the embedded defau
 test-reliability: test-deps ## hostile input, crashes, resources, isolation (docs/reliability.md)
 	$(VENV)/bin/python -m pytest -m reliability tests/reliability -p no:cacheprovider -s -q
 
-# Longer (over an hour): 100 schemathesis examples per operation (valid regulations filed too),
-# 2,000 bodies, 20 kills of the collector and of the pipeline, an hour of load with no pipeline.
-soak: test-deps ## the long variants of the reliability suite
+# Longer (over an hour and a half): 100 schemathesis examples per operation (valid regulations
+# filed too), 2,000 bodies, 20 kills of the collector and of the pipeline, an hour of load with no
+# pipeline; then the whole-system test for 30 minutes (MALLARD_SYSTEM_SEED replays a schedule).
+soak: test-deps ## the long variants of the reliability suite and of the whole-system test
 	MALLARD_FUZZ_EXAMPLES=100 MALLARD_FUZZ_FILE_REGULATIONS=1 MALLARD_RELIABILITY_EXAMPLES=2000 \
 	  MALLARD_CRASH_KILLS=20 MALLARD_LOAD_DOWN_S=3600 \
 	  $(VENV)/bin/python -m pytest -m reliability tests/reliability -p no:cacheprovider -s -q
+	MALLARD_SYSTEM_S=1800 $(VENV)/bin/python -m pytest -m system tests/system -p no:cacheprovider -s -q

@@ -28,6 +28,7 @@ from typing import Any
 import duckdb
 import yaml
 
+from mallard import landing
 from mallard.paths import DataPaths
 from orchestration.context import DBT_DIR
 from orchestration.warehouse import lake_connection
@@ -152,30 +153,42 @@ def current_window(paths: DataPaths, kind: PassKind = PassKind.FULL) -> Window:
     )
 
 
-def full_pass_holds(paths: DataPaths, files: list[str], through: datetime | None = None) -> bool:
-    """Whether the last finished full pass took these landing files' messages and every message
-    loaded at or before `through`: the files are in the load ledger, and the pass's window ends
-    at or after their load and `through`. What a regulation waits for (a pass by whoever holds
-    the writer's turn), rather than running a pass of its own."""
+def full_pass_holds(
+    paths: DataPaths,
+    received_before: datetime | None = None,
+    through: datetime | None = None,
+) -> bool:
+    """Whether the last finished full pass took every message received at or before
+    `received_before` that has landed (none waits in a landing file not loaded yet) and every
+    message loaded at or before `through`. What a regulation waits for (a pass by whoever
+    holds the writer's turn) rather than running a pass of its own: one full pass holds every
+    regulation filed before the messages it took, so regulations filed together wait for one."""
+    from orchestration.load import unloaded_files
+
     conn = lake_connection(paths)
     try:
         finished = _finished_through(conn, PassKind.FULL)
         if finished is None:
             return False
-        loaded = dict(
-            conn.execute(
-                "select landing_file, max(loaded_at) from lake.raw.landing_files"
-                " where landing_file in (select unnest(?)) group by 1",
-                [files],
-            ).fetchall()
-        )
+        need = [through] if through is not None else []
+        if received_before is not None:
+            if waiting := unloaded_files(paths):
+                earliest = conn.execute(
+                    "select min(received_at) from read_parquet(?)",
+                    [[landing.url(paths, f) for f in waiting]],
+                ).fetchone()[0]  # type: ignore[index]
+                if earliest is not None and earliest <= received_before:
+                    return False
+            loaded = conn.execute(
+                "select max(loaded_at) from lake.raw.messages where received_at <= ?",
+                [received_before],
+            ).fetchone()[0]  # type: ignore[index]
+            if loaded is not None:
+                need.append(loaded)
     except duckdb.CatalogException:  # nothing loaded or built yet
         return False
     finally:
         conn.close()
-    if len(loaded) < len(set(files)):
-        return False
-    need = [*loaded.values(), *([through] if through is not None else [])]
     return not need or finished >= max(need)
 
 

@@ -66,17 +66,21 @@ def wait_landed(data_dir: Path, event_ids: list[str], timeout: float = 30) -> No
     raise AssertionError(f"{len(missing)} acknowledged messages not landed after {timeout}s")
 
 
-# The longest file of the suite (about two minutes: `mallard up` started twice and stopped).
-FIRST = "tests/integration/test_up.py"
+# The longest files of the suite, in this order: the whole-system test (three minutes of every
+# role at once, then its checks) and test_up (`mallard up` started twice and stopped).
+FIRST = ("tests/system/test_system.py", "tests/integration/test_up.py")
+
+
+def _order(item: pytest.Item) -> int:
+    for i, first in enumerate(FIRST):
+        if item.nodeid.startswith(first):
+            return i
+    return len(FIRST) if "tests/unit/" in item.nodeid else len(FIRST) + 1
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """test_up first, then the unit tests, each part in its file order: `make test`'s workers
-    take files in this order, and the long files (test_up; the few unit files that build
-    lakes) are then not left to the end, where one worker would run them while the other
-    idles."""
-    items.sort(
-        key=lambda item: (
-            0 if item.nodeid.startswith(FIRST) else 1 if "tests/unit/" in item.nodeid else 2
-        )
-    )
+    """The longest files first, then the unit tests, each part in its file order: `make test`'s
+    workers take files in this order, and the long files (the system test, test_up; the few
+    unit files that build lakes) are then not left to the end, where one worker would run them
+    while the other idles."""
+    items.sort(key=_order)

@@ -20,7 +20,7 @@ No op logs or returns an identifier: Dagster's event log is a file of the data d
 import os
 import signal
 import time
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -111,21 +111,26 @@ def _needs_models(reg: Regulation) -> bool:
 PASS_WAIT_S = 900.0
 
 
-def _pass(paths: DataPaths, reg: Regulation, why: str, through: datetime | None = None) -> str:
-    """Wait until a full pass has taken every message the regulation needs (the landing files
-    there now, and the messages loaded at or before `through`). A regulation runs no pass kind
-    of its own: with a pipeline watcher running, it asks the watcher for a full pass and waits
-    for it; with none, it takes the lake writer's turn and runs the pass routine here (the same
-    `run_pipeline` every actor runs)."""
-    from orchestration.load import landing_files
+def _pass(
+    paths: DataPaths,
+    reg: Regulation,
+    why: str,
+    through: datetime | None = None,
+) -> str:
+    """Wait until a full pass holds every message the regulation needs: those received before
+    it was filed (catch-up; once the collectors' logs have landed them) or those loaded at or
+    before `through` (a Delete's restated messages). A regulation runs no pass kind of its own:
+    with a pipeline watcher running, it asks the watcher for a full pass and waits for it; with
+    none, it takes the lake writer's turn and runs the pass routine here (the same
+    `run_pipeline` every actor runs), which another regulation's may have made unnecessary."""
     from orchestration.locks import watcher_pid
     from orchestration.pipeline import BY_A_REGULATION, request_full_pass, run_pipeline
     from orchestration.window import full_pass_holds
 
-    files = landing_files(paths)
+    received = None if through is not None else datetime.fromtimestamp(reg.created_at, UTC)
     deadline = time.monotonic() + PASS_WAIT_S
     asked = False
-    while not full_pass_holds(paths, files, through):
+    while not full_pass_holds(paths, received, through):
         if time.monotonic() > deadline:
             last = read_last_pass(paths)
             raise dg.Failure(
@@ -148,6 +153,17 @@ def _pass(paths: DataPaths, reg: Regulation, why: str, through: datetime | None 
     return f"a full pass holds the messages ({why})"
 
 
+def catch_up_models(paths: DataPaths, reg: Regulation) -> str | None:
+    """What the catch_up step waits for: the collectors' logs drained of what was received
+    before the regulation, then a full pass that holds it. Run before a regulation's job takes
+    the regulations lock too, so regulations filed together wait for the same pass rather
+    than one after another; the step then finds it done. None when the type needs no models."""
+    if reg.status == "finished" or not _needs_models(reg):
+        return None
+    waited = purge.wait_for_logs(paths, reg.created_at)
+    return f"{waited} log segments landed; {_pass(paths, reg, 'catch up')}"
+
+
 @dg.op(
     description="Wait until the collectors' logs hold nothing received before the "
     "regulation, then until a full pass has taken them, so the models know every identifier "
@@ -156,10 +172,10 @@ def _pass(paths: DataPaths, reg: Regulation, why: str, through: datetime | None 
 def catch_up(context: dg.OpExecutionContext, config: RegulationRun, lake: LakeResource) -> None:
     store = _store(lake)
     reg = store.start(config.regulation_id)
-    if reg.status == "finished" or not _needs_models(reg):
+    done = catch_up_models(lake.paths, reg)
+    if done is None:
         return
-    waited = purge.wait_for_logs(lake.paths, reg.created_at)
-    context.log.info(f"{waited} log segments landed; {_pass(lake.paths, reg, 'catch up')}")
+    context.log.info(done)
     _done("catch_up", config.regulation_id)
 
 
@@ -485,9 +501,12 @@ def run_regulation(data_dir: Path, regulation_id: str) -> Regulation:
     paths = DataPaths(data_dir.resolve())
     ensure_dagster_home(paths)
     store = RegulationStore(paths)
-    if store.get(regulation_id) is None:
+    reg = store.get(regulation_id)
+    if reg is None:
         raise KeyError(regulation_id)
     try:
+        # Outside the regulations lock: regulations filed together wait for one full pass.
+        catch_up_models(paths, reg)
         with (
             regulations_lock(paths),
             dg.DagsterInstance.from_config(str(paths.dagster_home)) as instance,
