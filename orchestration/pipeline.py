@@ -349,7 +349,7 @@ def watch_pipeline(
     10M messages a pass of a few messages took a median of 24.4 s, against 30-32 s for a new
     process each (bench/freshness.py). Runs are recorded in the Dagster instance, launched by
     `BY_THE_WATCHER`. A failed pass is retried with backoff (retry_s, doubled after each
-    failure in a row up to `MAX_RETRY_S`), or sooner when new files land; from the
+    failure in a row up to `MAX_RETRY_S`; new files and requests wait for it); from the
     `LOUD_AFTER`th failure in a row each is logged as an error. A full pass asked for
     (`request_full_pass`, what a regulation does to have its filing time passed) runs at the
     next look. On start, a data dir whose models already hold every landing file gets no pass.
@@ -372,11 +372,14 @@ def watch_pipeline(
         full_ended: float | None = None  # when the last full pass ended (monotonic)
         served_since_full = False
         while not stop.is_set():
+            # After a failed pass nothing starts another before its retry is due, not even new
+            # files or a request (which waits for it).
+            backing_off = failures > 0 and time.monotonic() < again_at
             mark = landing_mark(paths)
-            asked = take_full_pass_request(paths)
+            asked = not backing_off and take_full_pass_request(paths)
             full_due = asked or full_ended is None or time.monotonic() - full_ended >= every
             landed = landed_since(mark, cursor)
-            if (
+            if not backing_off and (
                 landed
                 or asked
                 or (again_at and time.monotonic() >= again_at)
@@ -386,13 +389,14 @@ def watch_pipeline(
                 want = PassKind.FULL if full_due else PassKind.SERVED
                 kind, steps = _pass_off_the_main_thread(data_dir, want, begin)
                 passes += 1
-                if kind.completes:
-                    full_ended, served_since_full = time.monotonic(), False
-                else:
-                    served_since_full = True
                 report(steps)
                 again_at = 0.0
                 failures = 0 if all(step.ok for step in steps) else failures + 1
+                if not failures:  # a failed full pass is still due, a failed served one is not
+                    if kind.completes:
+                        full_ended, served_since_full = time.monotonic(), False
+                    else:
+                        served_since_full = True
                 if failures >= LOUD_AFTER:
                     failed = next(step for step in steps if not step.ok)
                     log.error(

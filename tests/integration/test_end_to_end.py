@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.conftest import Server, free_port, init_data_dir, wait_landed
@@ -82,6 +83,11 @@ def test_identify_and_track_flow_through_to_the_read_api(shared_server: Server) 
     server.pipeline()
     again = _events_of(server, "e2e-1")
     assert [e["eventId"] for e in again] == ids
+
+    # /health tells how the last pass ended, whoever ran it.
+    last = httpx.get(f"{server.url}/health", timeout=30).json()["lastPass"]
+    assert (last["kind"], last["ok"], last["error"]) == ("full", True, None), last
+    assert last["launched_by"] == "mallard pipeline run" and last["pass_number"] >= 2
 
 
 def test_pipeline_twice_loads_each_landing_file_once(shared_server: Server) -> None:
