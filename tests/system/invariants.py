@@ -233,12 +233,14 @@ def _plain(value: Any) -> Any:
 
 def rebuild(source: DataPaths, dest: Path, env: dict[str, str]) -> dict[str, list[str]]:
     """The marts of a pass over a copy of the source's landing files in a fresh data dir (with
-    its secret, so subscription ids are the same; one pass per 2,000 files). What the rebuild's
+    its secret, so subscription ids are the same, and its regulation store; one pass per 2,000
+    files). What the rebuild's
     own dispatch lands between its passes is removed, so only the copies are read. `env`: the
     product's (its config dir); its SMTP address is replaced by a closed port."""
     init_data_dir(dest)
     paths = DataPaths(dest)
     shutil.copy(source.secret_file, paths.secret_file)
+    _copy_regulations(source, paths)
     shutil.copytree(source.landing_dir, paths.landing_dir, dirs_exist_ok=True)
     copies = {p.relative_to(paths.landing_dir) for p in paths.landing_dir.glob("date=*/*.parquet")}
     run_env = {
@@ -258,6 +260,25 @@ def rebuild(source: DataPaths, dest: Path, env: dict[str, str]) -> dict[str, lis
         if loaded >= len(copies):
             break
     return read_marts(paths)
+
+
+def _copy_regulations(source: DataPaths, dest: DataPaths) -> None:
+    """The regulation store as the source has it (its suppression lists decide who is in an
+    audience; its tombstones what a rebuild may not bring back), with the regulations still
+    unfinished marked failed in the copy, so that the rebuild's pass starts no run of them."""
+    if not source.regulations_db.exists():
+        return
+    src = sqlite3.connect(f"file:{source.regulations_db}?mode=ro", uri=True)
+    dst = sqlite3.connect(dest.regulations_db)
+    try:
+        src.backup(dst)
+        dst.execute(
+            "update regulations set status = 'failed' where status in ('pending', 'running')"
+        )
+        dst.commit()
+    finally:
+        src.close()
+        dst.close()
 
 
 def marts_equal_rebuild(live: dict[str, list[str]], rebuilt: dict[str, list[str]]) -> Failures:

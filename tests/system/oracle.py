@@ -146,6 +146,10 @@ class Oracle:
 
     # --- what the checks ask ------------------------------------------------------------------
 
+    def acked_event_ids(self) -> list[str]:
+        with self.lock:
+            return [e for s in self.sent.values() for e in s.event_ids]
+
     def deleted_users(self) -> set[str]:
         """The personas a SUPPRESS_WITH_DELETE was filed for (answered or not: a filing whose
         answer was lost may have been stored)."""
