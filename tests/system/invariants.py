@@ -541,28 +541,31 @@ def no_failed_pass_after_recovery(
     failed_dagster_runs."""
     f = Failures()
     since = oracle.last_recovery()
-    before = 0
+    before: list[tuple[float, str]] = []  # notes only: the invariant is about what follows
     for at, line in watcher:
         if line.startswith("FAIL"):
+            what = f"{_at(oracle, at)} watcher: {line[:300]}"
             if at > since:
-                f.add("a watcher pass failed", f"{_at(oracle, at)} {line[:400]}")
+                f.add("a watcher pass failed", what)
             else:
-                before += 1
+                before.append((at, what))
     for run in oracle.runs:
         if run.role == "compaction" and run.returncode != 0:
             fails = [ln for ln in run.output.splitlines() if ln.startswith("FAIL")]
             why = "; ".join(fails) or (run.output.strip().splitlines() or [""])[-1]
+            what = f"{_at(oracle, run.t0)} {run.what}: {why[:300]}"
             if run.t0 > since:
-                f.add(f"{run.what} failed", f"{_at(oracle, run.t0)} {why[:500]}")
+                f.add(f"{run.what} failed", what)
             else:
-                before += 1
+                before.append((run.t0, what))
     for run_id, job, started, error in dagster_failed:
+        what = f"{_at(oracle, started)} Dagster {job} {run_id[:8]}: {error[:300]}"
         if started > since:
-            f.add("a Dagster run failed", f"{job} {run_id[:8]} {_at(oracle, started)}: {error}")
-    f.info.append(
-        f"last recovery at {_at(oracle, since)}; before it: {before} failed watcher steps or"
-        f" schedule runs, {sum(1 for r in dagster_failed if r[2] <= since)} failed Dagster runs"
-    )
+            f.add("a Dagster run failed", what)
+        else:
+            before.append((started, what))
+    f.info.append(f"last recovery at {_at(oracle, since)}; {len(before)} failures before it")
+    f.info += [f"before: {what}" for _, what in sorted(before)[:SHOWN]]
     return f
 
 

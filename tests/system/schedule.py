@@ -167,7 +167,7 @@ class Schedule:
     def run(self, until: float) -> None:
         """Runs every role for the duration, then waits for what they started until `until`
         (time.monotonic)."""
-        self.start = time.time()
+        self.start = self.oracle.started = time.time()
         roles: list[tuple[str, Callable[[], None]]] = [
             (f"sender-{i}", lambda i=i: self._sender(i)) for i in range(self.senders)
         ]

@@ -31,7 +31,7 @@ from tests.system.schedule import Schedule
 SEED = int(os.environ.get("MALLARD_SYSTEM_SEED") or random.SystemRandom().randrange(1, 1_000_000))
 DURATION = float(os.environ.get("MALLARD_SYSTEM_S", "180"))
 # After the schedule: how long the pipeline may take to become idle (MALLARD_SYSTEM_IDLE_S).
-IDLE_TIMEOUT = float(os.environ.get("MALLARD_SYSTEM_IDLE_S") or 180 + DURATION / 3)
+IDLE_TIMEOUT = float(os.environ.get("MALLARD_SYSTEM_IDLE_S") or 300 + DURATION / 3)
 
 pytestmark = [
     pytest.mark.system,
