@@ -22,6 +22,10 @@ pipeline is idle.
 7. no_failed_pass_after_recovery: no pass failed after the last killed process was back: no FAIL
    line of the watcher, no failed Dagster run (regulations' passes, daemon launches, the
    compaction job), no failed pass or compaction the schedule ran.
+8. no_duplicate_in_any_snapshot: marts.events as a reader saw it every few seconds of the run
+   never held an eventId or an (account, messageId) twice, and every read of it worked: what
+   the read API serves and an analyst queries meanwhile, not only the end state, is exactly
+   once.
 """
 
 from __future__ import annotations
@@ -157,6 +161,35 @@ def events_exactly_once(oracle: Oracle, rows: list[dict[str, Any]]) -> Failures:
     )
     if not acked:
         f.add("no acknowledged message to check", "the schedule sent nothing that was acked")
+    return f
+
+
+def read_duplicates(paths: DataPaths) -> tuple[int, int, int]:
+    """Rows of marts.events, and rows beyond one per eventId and per (account, messageId)."""
+    row = lake_rows(
+        paths,
+        "select count(*) as n, count(*) - count(distinct event_id) as e,"
+        " count(*) - count(distinct (account_id, message_id)) as m from lake.marts.events",
+    )[0]
+    return int(row["n"]), int(row["e"]), int(row["m"])
+
+
+def no_duplicate_in_any_snapshot(oracle: Oracle) -> Failures:
+    f = Failures()
+    seen = [s for s in oracle.snapshots if not s.error]
+    for s in seen:
+        if s.extra_event_ids or s.extra_message_ids:
+            f.add(
+                "marts.events held a message twice",
+                f"{_at(oracle, s.at)}: {s.rows} rows, {s.extra_event_ids} beyond one per"
+                f" eventId, {s.extra_message_ids} beyond one per messageId",
+            )
+    for s in oracle.snapshots:
+        if s.error:  # readers see committed snapshots while the pipeline writes (DESIGN 3)
+            f.add("a read of marts.events failed", f"{_at(oracle, s.at)}: {s.error}")
+    f.info.append(f"{len(seen)} snapshots read")
+    if not seen:
+        f.add("no snapshot read", "every read of marts.events failed")
     return f
 
 

@@ -85,6 +85,17 @@ class Run:
 
 
 @dataclass
+class Snapshot:
+    """marts.events as a reader saw it at one moment of the run."""
+
+    at: float
+    rows: int
+    extra_event_ids: int  # rows beyond one per eventId
+    extra_message_ids: int  # rows beyond one per (account, messageId)
+    error: str = ""
+
+
+@dataclass
 class Preference:
     user_id: str
     body: dict[str, Any]
@@ -104,6 +115,7 @@ class Oracle:
         self.kills: list[Kill] = []
         self.runs: list[Run] = []
         self.preferences: list[Preference] = []
+        self.snapshots: list[Snapshot] = []
         self.anomalies: list[str] = []  # answers no role expected: shown, not failures
         self.problems: list[str] = []  # a role that crashed or never ended: a failure
         self.started = time.time()
@@ -135,6 +147,10 @@ class Oracle:
     def preference(self, pref: Preference) -> None:
         with self.lock:
             self.preferences.append(pref)
+
+    def snapshot(self, snap: Snapshot) -> None:
+        with self.lock:
+            self.snapshots.append(snap)
 
     def anomaly(self, what: str) -> None:
         with self.lock:
@@ -181,6 +197,7 @@ class Oracle:
                 "kills": [asdict(k) for k in self.kills],
                 "runs": [asdict(r) for r in self.runs],
                 "preferences": [asdict(p) for p in self.preferences],
+                "snapshots": [asdict(s) for s in self.snapshots],
                 "anomalies": self.anomalies,
                 "problems": self.problems,
             }

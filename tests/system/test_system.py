@@ -24,7 +24,7 @@ from unittest import mock
 import pytest
 
 from tests.system import invariants as inv
-from tests.system.oracle import Oracle
+from tests.system.oracle import Oracle, Snapshot
 from tests.system.product import DAEMON, SERVER, WATCHER, Product
 from tests.system.schedule import ROLES as ALL_ROLES
 from tests.system.schedule import Schedule
@@ -35,6 +35,9 @@ DURATION = float(os.environ.get("MALLARD_SYSTEM_S", "180"))
 ROLES = [r for r in os.environ.get("MALLARD_SYSTEM_ROLES", ",".join(ALL_ROLES)).split(",") if r]
 # After the schedule: how long the pipeline may take to become idle (MALLARD_SYSTEM_IDLE_S).
 IDLE_TIMEOUT = float(os.environ.get("MALLARD_SYSTEM_IDLE_S") or 300 + DURATION / 3)
+
+# How often marts.events is read during the run for messages held twice.
+MONITOR_S = 5.0
 
 pytestmark = [
     pytest.mark.system,
@@ -73,12 +76,17 @@ def test_every_role_at_once_then_the_invariants(product: Product) -> None:
     # The roles stop at DURATION; what they started (a pass by hand, a compaction, an import, a
     # retried call) and then the pipeline have IDLE_TIMEOUT more to end.
     idle_by = time.monotonic() + DURATION + IDLE_TIMEOUT
+    done = threading.Event()
+    monitor = threading.Thread(target=_monitor, args=(product, oracle, done), daemon=True)
+    monitor.start()
     schedule.run(idle_by)
     print(f"schedule done at {time.monotonic() - t0:.0f} s; waiting for idle", flush=True)
 
     results: dict[str, inv.Failures] = {}
     still = product.wait_idle(max(1.0, idle_by - time.monotonic()))
     print(f"idle at {time.monotonic() - t0:.0f} s (pending: {still})", flush=True)
+    done.set()
+    monitor.join(60)
     regulations = _regulations(product)
     ran = inv.Failures()
     for p in still:
@@ -135,6 +143,7 @@ def test_every_role_at_once_then_the_invariants(product: Product) -> None:
                 "commands" in ROLES,
             ),
         ),
+        ("8. no_duplicate_in_any_snapshot", lambda: inv.no_duplicate_in_any_snapshot(oracle)),
         (
             "7. no_failed_pass_after_recovery",
             lambda: inv.no_failed_pass_after_recovery(
@@ -160,6 +169,16 @@ def test_every_role_at_once_then_the_invariants(product: Product) -> None:
     print(summary, flush=True)
     if any(results.values()):
         pytest.fail(summary, pytrace=False)
+
+
+def _monitor(product: Product, oracle: Oracle, done: threading.Event) -> None:
+    """Reads marts.events every few seconds, as an analyst or the API would, until done."""
+    while not done.wait(MONITOR_S):
+        at = time.time()
+        try:
+            oracle.snapshot(Snapshot(at, *inv.read_duplicates(product.paths)))
+        except Exception as e:  # the lake mid-purge, say: a read that failed is noted
+            oracle.snapshot(Snapshot(at, 0, 0, 0, f"{type(e).__name__}: {str(e)[:300]}"))
 
 
 def _into(out: list[Any], fn: Callable[[], Any]) -> Callable[[], None]:
