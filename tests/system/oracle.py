@@ -85,6 +85,17 @@ class Run:
 
 
 @dataclass
+class Snapshot:
+    """marts.events as a reader saw it at one moment of the run."""
+
+    at: float
+    rows: int
+    extra_event_ids: int  # rows beyond one per eventId
+    extra_message_ids: int  # rows beyond one per (account, messageId)
+    error: str = ""
+
+
+@dataclass
 class Preference:
     user_id: str
     body: dict[str, Any]
@@ -104,6 +115,7 @@ class Oracle:
         self.kills: list[Kill] = []
         self.runs: list[Run] = []
         self.preferences: list[Preference] = []
+        self.snapshots: list[Snapshot] = []
         self.anomalies: list[str] = []  # answers no role expected: shown, not failures
         self.problems: list[str] = []  # a role that crashed or never ended: a failure
         self.started = time.time()
@@ -136,6 +148,10 @@ class Oracle:
         with self.lock:
             self.preferences.append(pref)
 
+    def snapshot(self, snap: Snapshot) -> None:
+        with self.lock:
+            self.snapshots.append(snap)
+
     def anomaly(self, what: str) -> None:
         with self.lock:
             self.anomalies.append(f"{time.time() - self.started:7.1f}s {what}")
@@ -145,6 +161,10 @@ class Oracle:
             self.problems.append(f"{time.time() - self.started:7.1f}s {what}")
 
     # --- what the checks ask ------------------------------------------------------------------
+
+    def acked_event_ids(self) -> list[str]:
+        with self.lock:
+            return [e for s in self.sent.values() for e in s.event_ids]
 
     def deleted_users(self) -> set[str]:
         """The personas a SUPPRESS_WITH_DELETE was filed for (answered or not: a filing whose
@@ -177,6 +197,7 @@ class Oracle:
                 "kills": [asdict(k) for k in self.kills],
                 "runs": [asdict(r) for r in self.runs],
                 "preferences": [asdict(p) for p in self.preferences],
+                "snapshots": [asdict(s) for s in self.snapshots],
                 "anomalies": self.anomalies,
                 "problems": self.problems,
             }

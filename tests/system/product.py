@@ -330,13 +330,16 @@ class Product:
     # --- idle --------------------------------------------------------------------------------
 
     def pending(self) -> list[str]:
-        """What keeps the pipeline from idle, [] when nothing: messages in a write-ahead log,
+        """What keeps the pipeline from idle, [] when nothing: sealed write-ahead log segments,
         landing files not loaded, no finished full pass after the last load, unfinished
         regulations, sends or journey events not done, journey instances still active."""
         out = []
-        wal = [p for p in self.paths.wal_dir.rglob("*") if p.is_file() and p.stat().st_size]
-        if wal:
-            out.append(f"{len(wal)} write-ahead log files")
+        # Sealed segments wait for the roller; an open one (and the spare beside it, whose room
+        # is written ahead) is sealed within the roll interval once it holds a record, and its
+        # landing file then fails the settling below.
+        sealed = list(self.paths.wal_dir.rglob("*.sealed"))
+        if sealed:
+            out.append(f"{len(sealed)} sealed write-ahead log segments not rolled")
         landing = {
             str(p.relative_to(self.paths.landing_dir))
             for p in self.paths.landing_dir.glob("date=*/*.parquet")
@@ -401,6 +404,20 @@ class Product:
             finally:
                 conn2.close()
         return out
+
+    def wait_landed(self, event_ids: list[str], timeout: float = 60) -> None:
+        """Waits until the collector has rolled these acknowledged messages into landing files."""
+        import pyarrow.parquet as pq
+
+        want, seen = set(event_ids), set()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for f in self.paths.landing_dir.glob("date=*/*.parquet"):
+                seen |= set(pq.read_table(f, columns=["event_id"]).column("event_id").to_pylist())
+            if want <= seen:
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"{len(want - seen)} acknowledged messages not landed in {timeout} s")
 
     def wait_idle(self, timeout: float, settle_s: float = 5.0) -> list[str]:
         """Waits until `pending()` is empty twice, `settle_s` apart, with no new landing file in

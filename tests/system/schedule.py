@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,17 @@ GROUPS = {PLAIN: 26, SUPPRESS: 4, NO_TRACK: 3, DELETE: 5}
 TRACKS = ["Logged In", "Order Completed", "Product Viewed", "Signed Up", "Cart Updated"]
 # How long after the schedule ends a sender still retries a message with no answer.
 RETRY_GRACE_S = 60.0
+# Every role; MALLARD_SYSTEM_ROLES may name fewer, to tell which of them breaks an invariant.
+ROLES = (
+    "senders",
+    "commands",
+    "preferences",
+    "import",
+    "audience",
+    "regulations",
+    "compaction",
+    "chaos",
+)
 
 
 @dataclass(frozen=True)
@@ -133,15 +144,23 @@ class Schedule:
     """Runs the roles against a started product until `duration` s have passed."""
 
     def __init__(
-        self, product: Product, oracle: Oracle, seed: int, duration: float, threads: int = 3
+        self,
+        product: Product,
+        oracle: Oracle,
+        seed: int,
+        duration: float,
+        roles: Iterable[str] = ROLES,
+        senders: int = 3,
     ) -> None:
         self.product = product
         self.oracle = oracle
         self.seed = seed
         self.duration = duration
-        self.senders = threads
+        self.roles = set(roles)
+        assert self.roles <= set(ROLES), f"unknown roles: {self.roles - set(ROLES)}"
+        self.senders = senders if "senders" in self.roles else 0
         self.personas = make_personas(seed)
-        self.plan = plan(seed, duration, self.personas)
+        self.plan = [p for p in plan(seed, duration, self.personas) if p.role in self.roles]
         self.start = 0.0
         self.stop = threading.Event()
         self.secret = product.paths.secret_file.read_text().strip()
@@ -167,15 +186,16 @@ class Schedule:
     def run(self, until: float) -> None:
         """Runs every role for the duration, then waits for what they started until `until`
         (time.monotonic)."""
-        self.start = time.time()
+        self.start = self.oracle.started = time.time()
         roles: list[tuple[str, Callable[[], None]]] = [
             (f"sender-{i}", lambda i=i: self._sender(i)) for i in range(self.senders)
         ]
         roles += [
-            ("commands", self._commands),
-            ("preferences", self._preferences),
-            ("timed", self._timed),
+            (name, fn)
+            for name, fn in (("commands", self._commands), ("preferences", self._preferences))
+            if name in self.roles
         ]
+        roles.append(("timed", self._timed))
         threads = [
             threading.Thread(target=self._guard, args=(name, fn), name=name, daemon=True)
             for name, fn in roles

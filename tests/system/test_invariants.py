@@ -15,7 +15,7 @@ import pytest
 from mallard.harness import init_data_dir
 from mallard.paths import DataPaths
 from tests.system import invariants as inv
-from tests.system.oracle import Attempt, Filing, Kill, Oracle, Run
+from tests.system.oracle import Attempt, Filing, Kill, Oracle, Run, Snapshot
 from tests.system.product import Mail
 from tests.system.schedule import make_personas, plan
 
@@ -206,6 +206,19 @@ def test_7_fails_for_a_pass_that_failed_after_the_last_recovery_only() -> None:
     assert kinds(inv.no_failed_pass_after_recovery(o, watcher, [])) == [
         "mallard pipeline run failed"
     ]
+
+
+# --- 8 -----------------------------------------------------------------------------------------
+
+
+def test_8_fails_for_a_message_twice_in_any_snapshot_or_a_failed_read() -> None:
+    o = Oracle(7)
+    o.snapshot(Snapshot(T0 + 5, 10, 0, 0))
+    assert not inv.no_duplicate_in_any_snapshot(o)
+    o.snapshot(Snapshot(T0 + 10, 12, 0, 2))
+    assert kinds(inv.no_duplicate_in_any_snapshot(o)) == ["marts.events held a message twice"]
+    o.snapshots[-1] = Snapshot(T0 + 10, 0, 0, 0, "CatalogException: ducklake_inlined_data_8_8")
+    assert kinds(inv.no_duplicate_in_any_snapshot(o)) == ["a read of marts.events failed"]
 
 
 # --- the schedule ------------------------------------------------------------------------------
