@@ -317,8 +317,11 @@ class Schedule:
     def _commands(self) -> None:
         rng = random.Random(f"{self.seed}:commands")
         n = 0
+        # Commands stop a little before the others, so the journeys they start (a wait of 10 s
+        # and two sends) end within the schedule's last passes.
+        until = self.start + self.duration - min(30.0, self.duration / 5)
         with httpx.Client(timeout=30) as client:
-            while self._wait(rng.uniform(0.8, 3.0)):
+            while self._wait(rng.uniform(0.8, 3.0)) and time.time() < until:
                 p = rng.choice(self.personas)
                 n += 1
                 body: dict[str, Any] = {"userId": p.user_id, "messageId": f"c{self.seed}-{n}"}
