@@ -16,8 +16,8 @@ from mallard.harness import init_data_dir
 from mallard.paths import DataPaths
 from tests.system import invariants as inv
 from tests.system.oracle import Attempt, Filing, Kill, Oracle, Run, Snapshot
+from tests.system.plan import make_personas, plan
 from tests.system.product import Mail
-from tests.system.schedule import make_personas, plan
 
 T0 = 1_000_000.0
 
