@@ -330,8 +330,8 @@ def journeys_replay(
     for inst in instances:
         by_command[inst["command_event_id"]].append(inst)
     steps_of: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for s in steps:
-        steps_of[s["instance_id"]].append(s)
+    for step in steps:
+        steps_of[step["instance_id"]].append(step)
     for s in starts:
         found = [i for e in s.event_ids for i in by_command.get(e, [])]
         what = f"{s.message_id} of {s.user_id} (eventIds {s.event_ids})"

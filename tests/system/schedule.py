@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import functools
 import hashlib
 import json
 import random
@@ -98,7 +99,7 @@ class Schedule:
         (time.monotonic)."""
         self.start = self.oracle.started = time.time()
         roles: list[tuple[str, Callable[[], None]]] = [
-            (f"sender-{i}", lambda i=i: self._sender(i)) for i in range(self.senders)
+            (f"sender-{i}", functools.partial(self._sender, i)) for i in range(self.senders)
         ]
         roles += [
             (name, fn)

@@ -157,7 +157,9 @@ def test_5_allows_a_second_copy_only_right_after_a_kill_of_a_dispatcher() -> Non
 # --- 6 -----------------------------------------------------------------------------------------
 
 
-def _journey(path: list[str], status: str = "exited", reason: str = "exit_step") -> Any:
+def _journey(
+    path: list[str], status: str = "exited", reason: str | None = "exit_step"
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     instances = [
         {
             "instance_id": "i1",
