@@ -96,7 +96,8 @@ def plan(seed: int, duration: float, personas: list[Persona]) -> list[Planned]:
         if rng.random() < 0.5:
             out.append(Planned(round(t + rng.uniform(5, 30), 1), "import", f"imp{k}", users))
     out.append(Planned(at(0.2, 0.6), "audience", "add"))
-    for k in range(max(2, int(duration // 60))):
+    # Compactions by hand, every other one a whole pass (each takes a core for minutes here).
+    for k in range(max(2, int(duration // 90))):
         out.append(Planned(at(0.1, 0.9), "compaction", "dagster" if k % 2 == 0 else "pass"))
     # A kill every 20 to 40 s, from 15 s on; never in the last 15 s.
     t = 15.0
