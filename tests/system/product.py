@@ -51,7 +51,7 @@ next = "pause"
 [[steps]]
 id = "pause"
 type = "wait"
-duration = "15s"
+duration = "10s"
 next = "route"
 
 [[steps]]

@@ -5,7 +5,7 @@ Each role draws from a random.Random of its own, seeded by the run's seed and it
 draws do not depend on what the product answered: the same seed replays the same choices (which
 persona, which call, which regulation, which process is killed and when), though not the same
 thread timing. The timed actions (regulations, kills, compactions, imports, the audience file)
-are planned up front by `plan`, printed and kept with the oracle.
+are planned up front (tests/system/plan.py), printed and kept with the oracle.
 
 Roles:
 - senders: identify, track, page, screen and batch calls on the HTTP API, the tag's and the
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import functools
 import hashlib
 import json
 import random
@@ -34,7 +35,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -42,102 +43,12 @@ import httpx
 
 from orchestration.context import subscription_id
 from tests.system.oracle import Attempt, Filing, Kill, Oracle, Preference, Run, Sent
-from tests.system.product import DAEMON, JOURNEY_ID, SERVER, WATCHER, Product
+from tests.system.plan import GROUPS, PLAIN, ROLES, Persona, Planned, make_personas, plan
+from tests.system.product import JOURNEY_ID, Product
 
-# Personas by what the schedule does to them: plain ones are never regulated (but ACCESS), so
-# their journeys, imports and preferences have one expected outcome.
-PLAIN, SUPPRESS, NO_TRACK, DELETE = "plain", "suppress", "no_track", "delete"
-GROUPS = {PLAIN: 26, SUPPRESS: 4, NO_TRACK: 3, DELETE: 5}
 TRACKS = ["Logged In", "Order Completed", "Product Viewed", "Signed Up", "Cart Updated"]
 # How long after the schedule ends a sender still retries a message with no answer.
 RETRY_GRACE_S = 60.0
-# Every role; MALLARD_SYSTEM_ROLES may name fewer, to tell which of them breaks an invariant.
-ROLES = (
-    "senders",
-    "commands",
-    "preferences",
-    "import",
-    "audience",
-    "regulations",
-    "compaction",
-    "chaos",
-)
-
-
-@dataclass(frozen=True)
-class Persona:
-    index: int
-    user_id: str
-    anonymous_id: str
-    email: str
-    tier: str  # gold or silver: set once, read by the journey's branch
-    group: str
-
-
-def make_personas(seed: int) -> list[Persona]:
-    rng = random.Random(f"{seed}:personas")
-    tag = f"{rng.getrandbits(24):06x}"
-    out: list[Persona] = []
-    for group, n in GROUPS.items():
-        for _ in range(n):
-            i = len(out)
-            user = f"sys{i:03d}-{tag}"
-            tier = rng.choice(["gold", "silver"])
-            out.append(Persona(i, user, f"anon-{user}", f"{user}@example.com", tier, group))
-    return out
-
-
-@dataclass(frozen=True)
-class Planned:
-    """A timed action of the schedule: `at` seconds after it starts."""
-
-    at: float
-    role: str
-    action: str
-    users: tuple[str, ...] = ()
-
-
-def plan(seed: int, duration: float, personas: list[Persona]) -> list[Planned]:
-    """The timed actions of a run, from the seed and the duration alone."""
-    rng = random.Random(f"{seed}:plan")
-    by = {g: [p.user_id for p in personas if p.group == g] for g in GROUPS}
-    out: list[Planned] = []
-
-    def at(lo: float, hi: float) -> float:
-        return round(rng.uniform(lo * duration, hi * duration), 1)
-
-    # Regulations: about one of each kind every 90 s (each run of the product's is a process
-    # of its own). Deleted personas are never unsuppressed; suppressed ones may be, later.
-    n = max(1, int(duration // 90))
-    for user in rng.sample(by[DELETE], min(len(by[DELETE]), n)):
-        out.append(Planned(at(0.15, 0.75), "regulations", "SUPPRESS_WITH_DELETE", (user,)))
-    for user in rng.sample(by[SUPPRESS], min(len(by[SUPPRESS]), n)):
-        t = at(0.05, 0.6)
-        out.append(Planned(t, "regulations", "SUPPRESS", (user,)))
-        if rng.random() < 0.6:
-            later = round(rng.uniform(t + 15, max(t + 16, 0.8 * duration)), 1)
-            out.append(Planned(later, "regulations", "UNSUPPRESS", (user,)))
-    for user in rng.sample(by[NO_TRACK], min(len(by[NO_TRACK]), n)):
-        out.append(Planned(at(0.05, 0.7), "regulations", "NO_TRACK", (user,)))
-    others = by[PLAIN] + by[SUPPRESS] + by[NO_TRACK]
-    for _ in range(n):
-        out.append(Planned(at(0.1, 0.8), "regulations", "ACCESS", (rng.choice(others),)))
-    # Imports of plain personas: each a file of its own, sometimes imported twice.
-    for k in range(max(2, int(duration // 90))):
-        users = tuple(rng.sample(by[PLAIN], rng.randint(3, 8)))
-        t = at(0.05, 0.8)
-        out.append(Planned(t, "import", f"imp{k}", users))
-        if rng.random() < 0.5:
-            out.append(Planned(round(t + rng.uniform(5, 30), 1), "import", f"imp{k}", users))
-    out.append(Planned(at(0.2, 0.6), "audience", "add"))
-    for k in range(max(2, int(duration // 60))):
-        out.append(Planned(at(0.1, 0.9), "compaction", "dagster" if k % 2 == 0 else "pass"))
-    # A kill every 20 to 40 s, from 15 s on; never in the last 15 s.
-    t = 15.0
-    victims = [SERVER] * 3 + [WATCHER] * 3 + [DAEMON] + ["regulation-run"] * 2
-    while (t := t + rng.uniform(20, 40)) < duration - 15:
-        out.append(Planned(round(t, 1), "chaos", rng.choice(victims)))
-    return sorted(out, key=lambda p: (p.at, p.role, p.action))
 
 
 class Schedule:
@@ -188,7 +99,7 @@ class Schedule:
         (time.monotonic)."""
         self.start = self.oracle.started = time.time()
         roles: list[tuple[str, Callable[[], None]]] = [
-            (f"sender-{i}", lambda i=i: self._sender(i)) for i in range(self.senders)
+            (f"sender-{i}", functools.partial(self._sender, i)) for i in range(self.senders)
         ]
         roles += [
             (name, fn)
@@ -317,8 +228,11 @@ class Schedule:
     def _commands(self) -> None:
         rng = random.Random(f"{self.seed}:commands")
         n = 0
+        # Commands stop a little before the others, so the journeys they start (a wait of 10 s
+        # and two sends) end within the schedule's last passes.
+        until = self.start + self.duration - min(30.0, self.duration / 5)
         with httpx.Client(timeout=30) as client:
-            while self._wait(rng.uniform(0.8, 3.0)):
+            while self._wait(rng.uniform(0.8, 3.0)) and time.time() < until:
                 p = rng.choice(self.personas)
                 n += 1
                 body: dict[str, Any] = {"userId": p.user_id, "messageId": f"c{self.seed}-{n}"}

@@ -16,8 +16,8 @@ from mallard.harness import init_data_dir
 from mallard.paths import DataPaths
 from tests.system import invariants as inv
 from tests.system.oracle import Attempt, Filing, Kill, Oracle, Run, Snapshot
+from tests.system.plan import make_personas, plan
 from tests.system.product import Mail
-from tests.system.schedule import make_personas, plan
 
 T0 = 1_000_000.0
 
@@ -157,7 +157,9 @@ def test_5_allows_a_second_copy_only_right_after_a_kill_of_a_dispatcher() -> Non
 # --- 6 -----------------------------------------------------------------------------------------
 
 
-def _journey(path: list[str], status: str = "exited", reason: str = "exit_step") -> Any:
+def _journey(
+    path: list[str], status: str = "exited", reason: str | None = "exit_step"
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     instances = [
         {
             "instance_id": "i1",
