@@ -225,16 +225,12 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float
     raise AssertionError(f"{url} not ready in {timeout}s:\n{log.read_text()}")
 
 
-@dataclass
-class Server:
-    """A running `mallard serve` and the demo credentials of its data dir."""
+class Endpoint:
+    """The demo tenant's addresses and headers on a server at `port` with the credentials
+    `creds` (what `mallard init --json` prints), for whatever holds both."""
 
-    data_dir: Path
     port: int
     creds: dict[str, str]
-    env: dict[str, str] = field(default_factory=dict)
-    proc: subprocess.Popen[bytes] | None = None
-    log: Path | None = None
 
     @property
     def url(self) -> str:
@@ -253,6 +249,18 @@ class Server:
     @property
     def headers(self) -> dict[str, str]:
         return {"auth-token": self.creds["token"], "content-type": "application/json"}
+
+
+@dataclass
+class Server(Endpoint):
+    """A running `mallard serve` and the demo credentials of its data dir."""
+
+    data_dir: Path
+    port: int
+    creds: dict[str, str]
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+    log: Path | None = None
 
     def start(self, timeout: float = 120) -> None:
         """Start `mallard serve` and wait until /health answers; a server not ready in time is

@@ -8,6 +8,15 @@ import os
 import signal
 import subprocess
 from collections.abc import Callable, Sequence
+from pathlib import Path
+
+
+def alive(pid: int) -> bool:
+    """Whether a process runs (a zombie, exited and not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def terminate_group(proc: subprocess.Popen[bytes]) -> None:

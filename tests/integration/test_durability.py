@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from mallard.processes import alive
 from tests.conftest import Server, free_port, init_data_dir, landed_event_ids
 
 TRACK = {"userId": "d1", "event": "Durable", "properties": {"pad": "p" * 200}}
@@ -78,13 +79,6 @@ def _children(pid: int) -> set[int]:
     return out
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def test_sigkill_under_load_loses_nothing_acknowledged(tmp_path: Path) -> None:
     d = tmp_path / "data"
     server = Server(
@@ -109,9 +103,9 @@ def test_sigkill_under_load_loses_nothing_acknowledged(tmp_path: Path) -> None:
             t.join()
         # The killed server's roller does not live on as an orphan.
         deadline = time.monotonic() + 10
-        while any(_alive(c) for c in children) and time.monotonic() < deadline:
+        while any(alive(c) for c in children) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not any(_alive(c) for c in children), "an orphaned roller outlived its server"
+        assert not any(alive(c) for c in children), "an orphaned roller outlived its server"
     # A last clean start recovers whatever the kills left in the log, then drains.
     server.port = free_port()
     server.start()

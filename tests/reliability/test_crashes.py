@@ -37,6 +37,7 @@ import pytest
 from mallard.harness import REPO, Server, free_port, init_data_dir, mallard
 from mallard.offline import TELEMETRY_OFF
 from mallard.paths import DataPaths
+from mallard.processes import alive
 from tests.conftest import landed_event_ids, wait_landed
 from tests.reliability.conftest import FIGURES, start_loadgens
 
@@ -62,13 +63,6 @@ def children(pid: int) -> dict[int, str]:
                     cmd = Path(f"/proc/{c}/cmdline").read_bytes().replace(b"\0", b" ")
                     out[int(c)] = cmd.decode(errors="replace")
     return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def wait_gone(pids: list[int], timeout: float = 15) -> None:

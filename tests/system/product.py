@@ -29,9 +29,10 @@ from typing import IO, Any
 import httpx
 from aiosmtpd.controller import Controller
 
-from mallard.harness import REPO, free_port, init_data_dir, wait_http
+from mallard.harness import REPO, Endpoint, free_port, init_data_dir, wait_http
 from mallard.offline import TELEMETRY_OFF
 from mallard.paths import DataPaths
+from mallard.processes import alive, stop_groups
 
 SERVER, WATCHER, DAEMON = "server", "pipeline-watch", "dagster-daemon"
 # The journey and audience the schedule uses, beside the repository's config (assets, tenants).
@@ -146,7 +147,7 @@ def _stamp_lines(stream: IO[bytes], log: Path) -> None:
             out.flush()
 
 
-class Product:
+class Product(Endpoint):
     """Mallard on a fresh data dir under `root`: `start()` does what `mallard up` does (init,
     server, a first pass, watcher, daemon) with a config dir of its own and the sink."""
 
@@ -165,19 +166,6 @@ class Product:
         self.lock = threading.Lock()  # one start, stop or kill at a time
 
     # --- setup -------------------------------------------------------------------------------
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def base(self) -> str:
-        c = self.creds
-        return f"{self.url}/track/{c['clientId']}/{c['accountId']}/{c['brandId']}/v1"
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return {"auth-token": self.creds["token"], "content-type": "application/json"}
 
     @property
     def env(self) -> dict[str, str]:
@@ -286,16 +274,7 @@ class Product:
                 for name in (DAEMON, WATCHER, SERVER)
                 if (p := self.procs.get(name)) and p.popen and p.popen.poll() is None
             ]
-            for popen in running:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(popen.pid, signal.SIGTERM)
-            for popen in running:
-                try:
-                    popen.wait(timeout)
-                except subprocess.TimeoutExpired:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(popen.pid, signal.SIGKILL)
-                    popen.wait()
+            stop_groups(running, timeout)
         for pid in self.regulation_run_pids().values():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
@@ -310,7 +289,7 @@ class Product:
         for f in (self.paths.run_dir / "regulations").glob("*.pid"):
             with contextlib.suppress(OSError, ValueError):
                 pid = int(f.read_text())
-                if _alive(pid):
+                if alive(pid):
                     out[f.stem] = pid
         return out
 
@@ -467,13 +446,6 @@ class Product:
                 with contextlib.suppress(ValueError):
                     out.append((float(stamp), line))
         return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def _group_members(pgid: int) -> list[int]:
