@@ -25,6 +25,7 @@ from mallard.tenancy import ControlStore, Scope, TenancyError
 if TYPE_CHECKING:
     from mallard.regulation_runs import RegulationRuns
     from mallard.regulations import RegulationStore
+    from orchestration.pipeline import StepResult
 
 DEMO = ("demo", "demo", "DEMO")
 
@@ -148,15 +149,29 @@ def _print_serving(settings: Settings, args: argparse.Namespace, how: str) -> No
     print(f"  OpenAPI: {base}/schema", flush=True)
 
 
-def cmd_pipeline_run(args: argparse.Namespace) -> int:
-    from orchestration.pipeline import PASS_BEGINS, StepResult, run_pipeline, watch_pipeline
+def report_steps(results: list[StepResult]) -> bool:
+    """A pass's steps, a line each; whether every one succeeded."""
+    ok = True
+    for step in results:
+        print(f"{'ok  ' if step.ok else 'FAIL'} {step.name}: {step.summary}", flush=True)
+        ok = ok and step.ok
+    return ok
 
-    def report(results: list[StepResult]) -> bool:
-        ok = True
-        for step in results:
-            print(f"{'ok  ' if step.ok else 'FAIL'} {step.name}: {step.summary}", flush=True)
-            ok = ok and step.ok
-        return ok
+
+def run_pass(data_dir: Path, kind: str) -> int:
+    """One pass of a kind (orchestration/window.py PassKind: full, served or rest), its steps
+    printed as `mallard pipeline run` prints them; 0 when every step succeeded. The watcher runs
+    served and rest passes; the test harness (mallard/harness.py) runs them through this."""
+    from mallard.offline import force_offline
+    from orchestration.pipeline import BY_THE_WATCHER, run_pipeline
+    from orchestration.window import PassKind
+
+    force_offline()
+    return 0 if report_steps(run_pipeline(data_dir, BY_THE_WATCHER, PassKind(kind))) else 1
+
+
+def cmd_pipeline_run(args: argparse.Namespace) -> int:
+    from orchestration.pipeline import PASS_BEGINS, run_pipeline, watch_pipeline
 
     # The CLI prints one line per step; Dagster's own INFO lines (each pass's dbt command with its
     # whole selection, kilobytes long) stay in the run's log in the Dagster UI.
@@ -164,7 +179,7 @@ def cmd_pipeline_run(args: argparse.Namespace) -> int:
 
     logging.getLogger("dagster.builtin").setLevel(logging.WARNING)
     if not args.watch:
-        return 0 if report(run_pipeline(_paths(args).root)) else 1
+        return 0 if report_steps(run_pipeline(_paths(args).root)) else 1
     import signal
     import threading
 
@@ -178,7 +193,7 @@ def cmd_pipeline_run(args: argparse.Namespace) -> int:
         passes = watch_pipeline(
             _paths(args).root,
             stop,
-            report,
+            report_steps,
             poll_s=args.poll,
             begin=lambda kind: print(PASS_BEGINS[kind], flush=True),
         )

@@ -32,6 +32,8 @@ import httpx
 from mallard.offline import TELEMETRY_OFF
 
 REPO = Path(__file__).resolve().parents[1]
+# The kind of pass `mallard pipeline run` runs (orchestration/window.py PassKind).
+FULL = "full"
 
 
 def free_port() -> int:
@@ -89,10 +91,10 @@ class PassWorker:
         os.close(write)
         self.answers = os.fdopen(read, "rb")
 
-    def run(self, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    def run(self, timeout: float = 600, kind: str = FULL) -> subprocess.CompletedProcess[str]:
         args = ["mallard", "pipeline", "run"]
         assert self.proc.stdin is not None
-        self.proc.stdin.write(b"pass\n")
+        self.proc.stdin.write(f"pass {kind}\n".encode())
         self.proc.stdin.flush()
         ready, _, _ = select.select([self.answers], [], [], timeout)
         if not ready:
@@ -128,11 +130,17 @@ _PASSES_LOCK = threading.Lock()
 
 
 def pipeline_pass(
-    data_dir: Path, env: dict[str, str] | None = None, check: bool = True, timeout: float = 600
+    data_dir: Path,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+    timeout: float = 600,
+    kind: str = FULL,
 ) -> subprocess.CompletedProcess[str]:
     """One `mallard pipeline run` of the data dir with `env`, in the data dir's warm pass
     process (started on the first pass, again when `env` changed); a pass asked for while
-    another of the data dir runs gets a process of its own, as two commands would."""
+    another of the data dir runs gets a process of its own, as two commands would. `kind`
+    served or rest: a pass of that kind, as the watcher runs them (`mallard.cli.run_pass`; the
+    kind that can run, orchestration.pipeline.pass_kind), in the warm process only."""
     env, busy = dict(env or {}), False
     with _PASSES_LOCK:
         worker = _PASSES.get(data_dir.resolve())
@@ -148,9 +156,10 @@ def pipeline_pass(
             worker = _PASSES[data_dir.resolve()] = PassWorker(data_dir, env)
             worker.lock.acquire()
     if worker is None:
+        assert kind == FULL, f"a {kind} pass runs in the data dir's pass process, which is busy"
         return mallard("pipeline", "run", data_dir=data_dir, env=env, check=check, timeout=timeout)
     try:
-        out = worker.run(timeout)
+        out = worker.run(timeout, kind)
     finally:
         worker.lock.release()
     if check and out.returncode != 0:
@@ -175,10 +184,11 @@ atexit.register(close_passes)
 
 def _serve_passes(answer_fd: int) -> None:
     """The loop of a PassWorker's process: a pass per line on stdin, its answer a JSON line."""
-    from mallard.cli import main
+    from mallard.cli import main, run_pass
 
     answers = os.fdopen(answer_fd, "w")
-    for _ in sys.stdin:
+    for line in sys.stdin:
+        _, kind = line.split()
         out = io.StringIO()
         # stderr at the descriptor, as a process's stderr is (faulthandler needs a real file).
         with tempfile.TemporaryFile() as err:
@@ -186,7 +196,10 @@ def _serve_passes(answer_fd: int) -> None:
             os.dup2(err.fileno(), 2)
             try:
                 with contextlib.redirect_stdout(out):
-                    code = main(["pipeline", "run"])
+                    if kind == FULL:
+                        code = main(["pipeline", "run"])
+                    else:
+                        code = run_pass(Path(os.environ["MALLARD_DATA_DIR"]), kind)
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else 1
             except BaseException:

@@ -43,14 +43,24 @@
     ) }}
 {%- endmacro %}
 
-{# The keys (`columns`, named as in int_messages_identified) of the messages the pass writes again
-   that were stored before it (int_messages_identified.restated): a message new to the warehouse
-   has no rows anywhere yet. #}
+{#
+  The keys (`columns`, named as in int_messages_identified) of the messages the pass writes again
+  whose rows a model may hold from before it. A build that writes int_messages_identified flags
+  them there (`restated`): every message of its window whose row there was stored before, and a
+  model holds rows of a message only once that row is stored. A message new to the warehouse has
+  no rows anywhere yet, and is not deleted. A build without it (a rest pass, a selection of
+  models) reads `restated` as the pass that wrote those rows set it, which says nothing of this
+  model: a message a served pass took first is not restated, yet a rest pass before this one
+  (killed before its freshness row, or over a window this one overlaps) wrote this model's rows of
+  it. Such a build deletes every message of its window, so the model replaces its rows on their
+  key whichever pass wrote them.
+#}
 {% macro restated_messages(columns) -%}
     {%- set columns = [columns] if columns is string else columns -%}
     select {{ columns | join(', ') }}
     from {{ ref('int_messages_identified') }}
-    where {{ in_window('pass_through') }} and restated
+    where {{ in_window('pass_through') }}
+    {%- if builds_model('int_messages_identified') %} and restated{% endif %}
 {%- endmacro %}
 
 {#

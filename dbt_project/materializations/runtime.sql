@@ -48,6 +48,15 @@
     {{ return(pass_window()['through']) }}
 {%- endmacro %}
 
+{#
+  Whether this dbt invocation builds the model `name` (it is among dbt's selected resources): a
+  rest pass builds every model but the served ones, a Dagster launch the assets it selects.
+  False outside a run (selected_resources is empty while dbt parses).
+#}
+{% macro builds_model(name) -%}
+    {{ return(execute and ('model.' ~ project_name ~ '.' ~ name) in selected_resources) }}
+{%- endmacro %}
+
 {% macro merging() -%}
     {%- if not execute -%}
         {{ return(false) }}

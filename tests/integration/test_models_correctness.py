@@ -5,15 +5,19 @@ and one pipeline run per slice. A stream mixes what real traffic does to the rul
 order unlike event order, SDK retries (same messageId) landing later, events days late, client
 clocks off by hours (corrected through sentAt), server batches sharing one receipt time, visitors
 identified later (sometimes by a second userId too), nested object and array traits,
-firstName/lastName without name, context.campaign on some messages, and messageIds that repeat
-across accounts.
+firstName/lastName without name, context.campaign on some messages, messageIds that repeat
+across accounts, and the events the other marts are made of: send outcomes, journey steps,
+preference changes by the preferences endpoint and by identify.
 
 The messages are stamped by the collector's own code and landed as the roller lands them; the
 pipeline is the real `mallard pipeline run` (Dagster load + dbt build, unit tests included).
 Every pass after the first is incremental (the models take only the messages loaded since the
 last finished pass), and folds them into the stored per-customer state. Two passes die before
 they finish: one after attribution, one after the customers mart (every per-customer state
-already folded once); the next pass must recover from each.
+already folded once); the next pass must recover from each. The last slice is taken as the
+watcher takes files that keep landing: a served pass, then a rest pass. Then the lake takes the
+last window again and one that overlaps it (test_exactly_once): the marts stay those of one
+full build.
 The oracle below implements the identity, trait and time rules directly from the client messages
 and their receipt times, independently of the SQL models.
 """
@@ -29,6 +33,7 @@ import shutil
 import subprocess
 import sys
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -66,7 +71,20 @@ ACTIONS = {
     "Order Completed": "order_completed",
     "Signed Up": "signed_up",
 }
-SERVED_EXTRA_TRAITS = ("id", "externalId", "marketingPreferences")  # added by the mart, not 2.5
+# Tracks the other marts are made of, named as their actions: send outcomes (deliveries),
+# journey events (journey_steps, journey_instances) and the preferences endpoint's updates.
+MODEL_EVENTS = (
+    "email_sent",
+    "email_opened",
+    "sms_failed",
+    "journey_started",
+    "journey_step_entered",
+    "journey_exited",
+    "preferences_updated",
+)
+TRACK_ACTIONS = ACTIONS | {name: name for name in MODEL_EVENTS}
+# Added by the mart, not 2.5; an identify's marketingPreferences is replaced by the preferences.
+SERVED_EXTRA_TRAITS = ("id", "externalId", "marketingPreferences")
 
 pytestmark = pytest.mark.integration
 
@@ -82,6 +100,7 @@ class Arrival:
     msg: dict[str, Any]
     received: datetime
     channel: str = "server"
+    source: str = "http"
     stored: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -122,6 +141,11 @@ def _traits(rng: random.Random, n: int) -> dict[str, Any]:
         t["a.b"] = {"nested": [1, {"x": rng.randint(1, 3)}]}
     if rng.random() < 0.05:
         t["campaign"] = {"name": "set-by-identify"}
+    if rng.random() < 0.15:  # a preference change by identify (int_preference_changes)
+        t["marketingPreferences"] = {
+            "channels": [{"channel": "email", "subscribed": rng.random() < 0.5}],
+            "unsubscribeAll": rng.random() < 0.2,
+        }
     return t or {"plan": "free"}
 
 
@@ -196,6 +220,39 @@ def generate_stream(index: int) -> list[Arrival]:
             if rng.random() < 0.5:
                 event({"userId": users[owner], "anonymousId": anon}, 0.2)
 
+    # The events of the other marts: send outcomes, a journey instance entering steps (and
+    # sometimes exiting), and updates by the preferences endpoint (source `preferences`).
+    from_preferences: set[int] = set()
+    for n, user in enumerate(users):
+        who: dict[str, Any] = {"userId": user, "context": {}}
+        for k in range(rng.randint(0, 2)):
+            props: dict[str, Any] = {"sendId": f"send-{n}-{k}", "assetId": "welcome"}
+            name = rng.choice(MODEL_EVENTS[:3])
+            planned.append(("track", {**who, "event": name, "properties": props}, at()))
+        if rng.random() < 0.6:
+            start = t0 + _ms(rng, 0, window_s)
+            steps = [("journey_started", "s1"), ("journey_step_entered", "s1")]
+            steps += [("journey_step_entered", "s2"), ("journey_exited", "s2")][: rng.randint(1, 2)]
+            for name, step in steps:
+                props = {"journeyId": "onboarding", "instanceId": f"{user}-j", "stepId": step}
+                if name == "journey_step_entered":
+                    props |= {"visit": 1, "stepType": "wait"}
+                elif name == "journey_exited":
+                    props["reason"] = "completed"
+                planned.append(("track", {**who, "event": name, "properties": props}, start))
+                start += _ms(rng, 1, 3600)
+        for _ in range(rng.randint(0, 2)):
+            channels = rng.sample(["email", "sms", "push"], rng.randint(1, 2))
+            props = {
+                "channels": [{"channel": c, "subscribed": rng.random() < 0.5} for c in channels],
+                "categories": [{"category": "news", "subscribed": rng.random() < 0.5}],
+            }
+            if rng.random() < 0.3:
+                props["unsubscribeAll"] = rng.random() < 0.5
+            from_preferences.add(len(planned))
+            update = {**who, "event": "preferences_updated", "properties": props}
+            planned.append(("track", update, at()))
+
     arrivals: list[Arrival] = []
     for seq, (kind, msg, t) in enumerate(planned):
         # messageIds repeat across accounts on purpose: dedup is per account.
@@ -212,14 +269,17 @@ def generate_stream(index: int) -> list[Arrival]:
             msg["sentAt"] = _iso(sent + skew)
         else:
             msg["timestamp"] = _iso(t)
-        arrivals.append(Arrival(kind, msg, received, rng.choice(["server", "browser", "mobile"])))
+        channel = rng.choice(["server", "browser", "mobile"])
+        source = "preferences" if seq in from_preferences else "http"
+        arrivals.append(Arrival(kind, msg, received, channel, source))
     # Server batches: several messages stamped with one receipt time.
     for a in rng.sample(arrivals, len(arrivals) // 8):
         a.received = rng.choice(arrivals).received
     # SDK retries: the same body again, received later (sometimes in a later slice).
     for a in rng.sample(arrivals, len(arrivals) // 8):
         for _ in range(rng.randint(1, 2)):
-            arrivals.append(Arrival(a.kind, a.msg, a.received + _ms(rng, 1, 2 * 86400), a.channel))
+            again = a.received + _ms(rng, 1, 2 * 86400)
+            arrivals.append(Arrival(a.kind, a.msg, again, a.channel, a.source))
     tenant = Tenant(CLIENT, f"s{index:02d}", f"S{index:02d}")
     for a in arrivals:
         a.stored = stamp(
@@ -227,7 +287,7 @@ def generate_stream(index: int) -> list[Arrival]:
             a.msg,
             tenant,
             channel=a.channel,
-            source="http",
+            source=a.source,
             received=a.received,
             request_ip=None,
         )
@@ -299,7 +359,7 @@ def oracle(arrivals: list[Arrival]) -> Expected:
     for a in kept:
         user = a.msg.get("userId") or owner.get((a.account, a.msg["anonymousId"]), (None, None))[1]
         cid = customer_key(a.account, f"user:{user}" if user else f"anon:{a.msg['anonymousId']}")
-        action = ACTIONS[a.msg["event"]] if a.kind == "track" else a.kind
+        action = TRACK_ACTIONS[a.msg["event"]] if a.kind == "track" else a.kind
         events[a.stored["eventId"]] = (cid, user, action)
         by_customer[cid].append(a)
         user_of[cid] = user
@@ -341,12 +401,19 @@ def oracle(arrivals: list[Arrival]) -> Expected:
 MARTS = {
     "events": ("record",),
     "customers": ("traits", "metadata"),
+    "customer_profiles": ("traits", "marketing_preferences", "preference_state"),
     # The winners among the candidates passes append (customer_event_objects; compared raw
     # after a fold below).
     "customer_event_winners": ("event_object",),
     "customer_identifiers": (),
     "customer_preferences": ("marketing_preferences", "state"),
     "duplicates": (),
+    "deliveries": (),
+    "journey_steps": (),
+    "journey_instances": (),
+    # Empty here: a command makes the dispatcher land outcome events after the pass, which the
+    # full build would load and the incremental lake not. The same strategy as deliveries.
+    "commands": ("merge_data",),
 }
 # The tables above that are no marts: schema `state` (what passes keep for themselves), and the
 # models of docs/incremental-models.md (schema `examples`, built with MALLARD_DBT_EXAMPLES).
@@ -385,14 +452,28 @@ def read_marts(data_dir: Path) -> dict[str, list[dict[str, Any]]]:
         conn.close()
 
 
-def read_table(data_dir: Path, table: str) -> list[dict[str, Any]]:
+def query(data_dir: Path, sql: str) -> list[dict[str, Any]]:
     conn = connect(DataPaths(data_dir), read_only=True)
     try:
-        cur = conn.execute(f"select * from lake.{table}")
+        cur = conn.execute(sql)
         cols = [d[0] for d in cur.description]
         return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
     finally:
         conn.close()
+
+
+def read_table(data_dir: Path, table: str) -> list[dict[str, Any]]:
+    return query(data_dir, f"select * from lake.{table}")
+
+
+def last_pass(data_dir: Path) -> dict[str, Any]:
+    """The manifest row of the pass the freshness mart names as the last that finished."""
+    (row,) = query(
+        data_dir,
+        "select manifest.* from lake.marts.freshness"
+        " join lake.state.pass_manifest as manifest using (pass_id)",
+    )
+    return row
 
 
 def canonical(rows: list[dict[str, Any]]) -> list[str]:
@@ -415,9 +496,11 @@ FOLDED = {
 }
 
 
-def pipeline(data_dir: Path, env: dict[str, str] | None = None) -> str:
-    out = pipeline_pass(data_dir, {**CHUNKED, **(env or {})}, timeout=900)
+def pipeline(data_dir: Path, env: dict[str, str] | None = None, kind: str = "full") -> str:
+    """One pass of `kind` (full, served or rest), which must run as that kind."""
+    out = pipeline_pass(data_dir, {**CHUNKED, **(env or {})}, timeout=900, kind=kind)
     assert "FAIL" not in out.stdout, out.stdout
+    assert last_pass(data_dir)["kind"] == kind, out.stdout
     return out.stdout
 
 
@@ -467,10 +550,12 @@ class Built:
     appended_after_slice: dict[str, list[int]]
     folded: dict[str, list[dict[str, Any]]]
     folded_full: dict[str, list[dict[str, Any]]]
+    incremental: Path  # the incremental lake's data dir, which test_exactly_once passes again
+    finished: list[int]  # the passes that finished on it, in order
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
     arrivals = [a for i in range(N_STREAMS) for a in generate_stream(i)]
     # Slices follow receipt order, as the collector lands them; late events land late.
     arrivals.sort(key=lambda a: (a.received, a.stored["eventId"]))
@@ -479,7 +564,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
 
     inc = tmp_path_factory.mktemp("incremental")
     init_data_dir(inc)
-    after, compacted = [], []
+    after, compacted, finished = [], [], []
     appended: dict[str, list[int]] = {table: [] for table in FOLDED}
     for seq, part in enumerate(slices):
         if seq in INTERRUPTED:
@@ -490,9 +575,16 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
             land(inc, part[half:], seq)
         else:
             land(inc, part, seq)
-        # The last pass compacts nothing: its event candidates stay beside the stored winners
-        # (folded by the compaction after the loop).
-        out = pipeline(inc, COMPACT_EARLY if seq < len(slices) - 1 else NO_COMPACTION)
+        if seq < len(slices) - 1:
+            out = pipeline(inc, COMPACT_EARLY)
+        else:
+            # The last slice as the watcher takes files that keep landing: a served pass, then
+            # the rest pass that completes the full pass. They compact nothing: their event
+            # candidates stay beside the stored winners (folded by the compaction after the loop).
+            out = pipeline(inc, NO_COMPACTION, kind="served")
+            finished.append(last_pass(inc)["pass_id"])
+            out += pipeline(inc, NO_COMPACTION, kind="rest")
+        finished.append(last_pass(inc)["pass_id"])
         compacted += [line for line in out.splitlines() if " compact: " in line]
         after.append(read_marts(inc))
         for table in FOLDED:
@@ -506,8 +598,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     shutil.copy(DataPaths(inc).secret_file, DataPaths(full).secret_file)  # same subscription ids
     shutil.copytree(DataPaths(inc).landing_dir, DataPaths(full).landing_dir, dirs_exist_ok=True)
     pipeline(full)
-    close_passes()
-    return Built(
+    # The incremental lake's pass process stays up for test_exactly_once (the same settings).
+    close_passes(full)
+    yield Built(
         arrivals,
         slices,
         after,
@@ -516,7 +609,10 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
         appended,
         folded,
         {table: read_table(full, f"state.{table}") for table in FOLDED},
+        inc,
+        finished,
     )
+    close_passes()
 
 
 # ---------------------------------------------------------------- tests
@@ -573,6 +669,10 @@ def test_building_after_each_slice_equals_one_full_rebuild(built: Built) -> None
     for table in EXAMPLES:  # the comparison below proves little of an empty table
         assert len(built.full[table]) >= 50, table
     assert any(r["revenue"] is not None for r in built.full["order_revenue"])
+    for table in ("deliveries", "journey_steps", "journey_instances"):
+        assert len(built.full[table]) >= 20, table
+    assert sum(r["status"] == "exited" for r in built.full["journey_instances"]) >= 5
+    assert sum(r["state"] != [] for r in built.full["customer_preferences"]) >= 20
     for table in (*MARTS, *STATE):
         assert len(incremental[table]) == len(built.full[table]), f"{table} (seed {SEED})"
         assert canonical(incremental[table]) == canonical(built.full[table]), (
@@ -594,6 +694,61 @@ def test_compaction_folds_appended_rows_to_the_full_builds(built: Built, table: 
     assert canonical(built.folded[table]) == canonical(built.folded_full[table])
 
 
+# Passes over messages the lake has taken already, one after another on the incremental lake:
+# (kind, the freshness column it continues after, the finished pass that column is set back to,
+# counted from the end of Built.finished: the last slice's served and rest passes, the passes of
+# the slices before). The last slice's window is taken again by each kind, then the last two
+# slices' window, which overlaps the last.
+AGAIN = [
+    ("rest", "full_pass_id", -3),
+    ("served", "pass_id", -3),
+    ("full", "full_pass_id", -3),
+    ("served", "pass_id", -4),
+    ("full", "full_pass_id", -4),
+]
+
+
+def continue_after(data_dir: Path, column: str, pass_id: int) -> None:
+    """The freshness row naming `pass_id` as the last pass that finished (`pass_id`) or the last
+    full one (`full_pass_id`): what passes killed after their models and before the freshness
+    row leave behind. The next pass of that kind takes every message after that pass's window,
+    the killed passes' messages again."""
+    conn = connect(DataPaths(data_dir))
+    try:
+        conn.execute(f"update lake.marts.freshness set {column} = ?", [pass_id])
+    finally:
+        conn.close()
+
+
+def test_exactly_once(built: Built) -> None:
+    """A message processed twice changes nothing. A rest, a served and a full pass over the
+    window the last pass took (as after a pass killed after its models and before its freshness
+    row), then a served and a full pass over a window that overlaps it (two slices back, as two
+    writers that read the same freshness row would take), each leave every mart and state table
+    row for row as one full build of the same messages; the full and rest passes run the marts'
+    data tests (their unique keys among them), and compaction then folds the candidates these
+    passes appended to the full build's rows."""
+    inc = built.incremental
+    through = last_pass(inc)["loaded_through"]
+    windows = {p["pass_id"]: p for p in read_table(inc, "state.pass_manifest")}
+    for kind, column, index in AGAIN:
+        after = windows[built.finished[index]]["loaded_through"]
+        step = f"{kind} pass over ({after}, {through}] (seed {SEED})"
+        continue_after(inc, column, built.finished[index])
+        out = pipeline(inc, NO_COMPACTION, kind=kind)
+        ran = last_pass(inc)
+        assert (ran["loaded_after"], ran["loaded_through"]) == (after, through), step
+        if kind != "served":  # every data test of the marts ran and passed
+            assert re.search(r"\b([1-9]\d*)/\1 data tests", out), (step, out)
+        marts = read_marts(inc)
+        for table in (*MARTS, *STATE):
+            assert canonical(marts[table]) == canonical(built.full[table]), f"{table}: {step}"
+    compact_fragmented(DataPaths(inc), at=1, slice_s=0)
+    for table in FOLDED:
+        folded = read_table(inc, f"state.{table}")
+        assert canonical(folded) == canonical(built.folded_full[table]), table
+
+
 @pytest.mark.parametrize("pass_index", range(N_SLICES))
 def test_every_pass_matches_the_oracle(built: Built, pass_index: int) -> None:
     """After each pass the marts hold what the rules say of everything received so far:
@@ -610,8 +765,9 @@ def test_every_pass_matches_the_oracle(built: Built, pass_index: int) -> None:
     customers = {r["customer_id"]: r for r in marts["customers"]}
     assert set(customers) == set(expected.traits)
     wrong = {}
-    for cid, want in expected.traits.items():
+    for cid, traits in expected.traits.items():
         got = {k: v for k, v in customers[cid]["traits"].items() if k not in SERVED_EXTRA_TRAITS}
+        want = {k: v for k, v in traits.items() if k not in SERVED_EXTRA_TRAITS}
         if got != want:
             wrong[cid] = (got, want)
     assert not wrong, f"{len(wrong)} customers' traits differ, e.g. {next(iter(wrong.items()))}"
