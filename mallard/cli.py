@@ -159,9 +159,9 @@ def report_steps(results: list[StepResult]) -> bool:
 
 
 def run_pass(data_dir: Path, kind: str) -> int:
-    """One pass of a kind (orchestration/window.py PassKind: full, served or rest), its steps
-    printed as `mallard pipeline run` prints them; 0 when every step succeeded. The watcher runs
-    served and rest passes; the test harness (mallard/harness.py) runs them through this."""
+    """One pass of a kind (orchestration/window.py PassKind: full or served), its steps printed
+    as `mallard pipeline run` prints them; 0 when every step succeeded. The watcher runs served
+    passes; the test harness (mallard/harness.py) runs them through this."""
     from mallard.offline import force_offline
     from orchestration.pipeline import BY_THE_WATCHER, run_pipeline
     from orchestration.window import PassKind
@@ -171,12 +171,12 @@ def run_pass(data_dir: Path, kind: str) -> int:
 
 
 def cmd_pipeline_run(args: argparse.Namespace) -> int:
+    import logging
+
     from orchestration.pipeline import PASS_BEGINS, run_pipeline, watch_pipeline
 
     # The CLI prints one line per step; Dagster's own INFO lines (each pass's dbt command with its
     # whole selection, kilobytes long) stay in the run's log in the Dagster UI.
-    import logging
-
     logging.getLogger("dagster.builtin").setLevel(logging.WARNING)
     if not args.watch:
         return 0 if report_steps(run_pipeline(_paths(args).root)) else 1

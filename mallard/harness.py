@@ -139,8 +139,8 @@ def pipeline_pass(
     """One `mallard pipeline run` of the data dir with `env`, in the data dir's warm pass
     process (started on the first pass, again when `env` changed); a pass asked for while
     another of the data dir runs gets a process of its own, as two commands would. `kind`
-    served or rest: a pass of that kind, as the watcher runs them (`mallard.cli.run_pass`; the
-    kind that can run, orchestration.pipeline.pass_kind), in the warm process only."""
+    served: a pass of that kind, as the watcher runs them (`mallard.cli.run_pass`; the kind that
+    can run, orchestration.pipeline.pass_kind), in the warm process only."""
     env, busy = dict(env or {}), False
     with _PASSES_LOCK:
         worker = _PASSES.get(data_dir.resolve())

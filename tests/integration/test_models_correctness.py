@@ -15,7 +15,7 @@ Every pass after the first is incremental (the models take only the messages loa
 last finished pass), and folds them into the stored per-customer state. Two passes die before
 they finish: one after attribution, one after the customers mart (every per-customer state
 already folded once); the next pass must recover from each. The last slice is taken as the
-watcher takes files that keep landing: a served pass, then a rest pass. Then the lake takes the
+watcher takes files that keep landing: a served pass, then a full one. Then the lake takes the
 last window again and one that overlaps it (test_exactly_once): the marts stay those of one
 full build.
 The oracle below implements the identity, trait and time rules directly from the client messages
@@ -497,7 +497,7 @@ FOLDED = {
 
 
 def pipeline(data_dir: Path, env: dict[str, str] | None = None, kind: str = "full") -> str:
-    """One pass of `kind` (full, served or rest), which must run as that kind."""
+    """One pass of `kind` (full or served), which must run as that kind."""
     out = pipeline_pass(data_dir, {**CHUNKED, **(env or {})}, timeout=900, kind=kind)
     assert "FAIL" not in out.stdout, out.stdout
     assert last_pass(data_dir)["kind"] == kind, out.stdout
@@ -579,11 +579,11 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
             out = pipeline(inc, COMPACT_EARLY)
         else:
             # The last slice as the watcher takes files that keep landing: a served pass, then
-            # the rest pass that completes the full pass. They compact nothing: their event
+            # a full pass, which builds the rest of the models. They compact nothing: their event
             # candidates stay beside the stored winners (folded by the compaction after the loop).
             out = pipeline(inc, NO_COMPACTION, kind="served")
             finished.append(last_pass(inc)["pass_id"])
-            out += pipeline(inc, NO_COMPACTION, kind="rest")
+            out += pipeline(inc, NO_COMPACTION, kind="full")
         finished.append(last_pass(inc)["pass_id"])
         compacted += [line for line in out.splitlines() if " compact: " in line]
         after.append(read_marts(inc))
@@ -695,46 +695,48 @@ def test_compaction_folds_appended_rows_to_the_full_builds(built: Built, table: 
 
 
 # Passes over messages the lake has taken already, one after another on the incremental lake:
-# (kind, the freshness column it continues after, the finished pass that column is set back to,
-# counted from the end of Built.finished: the last slice's served and rest passes, the passes of
-# the slices before). The last slice's window is taken again by each kind, then the last two
-# slices' window, which overlaps the last.
+# (kind, the freshness columns set back, the finished pass they are set back to, counted from
+# the end of Built.finished: the last slice's served and full passes, the passes of the slices
+# before). A full pass after only `full_pass_id` is set back builds the rest of the models (the
+# served ones hold every message); with both set back it builds every model. The last slice's
+# window is taken again by each, then the last two slices' window, which overlaps the last.
 AGAIN = [
-    ("rest", "full_pass_id", -3),
-    ("served", "pass_id", -3),
-    ("full", "full_pass_id", -3),
-    ("served", "pass_id", -4),
-    ("full", "full_pass_id", -4),
+    ("full", ("full_pass_id",), -3),
+    ("served", ("pass_id",), -3),
+    ("full", ("pass_id", "full_pass_id"), -3),
+    ("served", ("pass_id",), -4),
+    ("full", ("pass_id", "full_pass_id"), -4),
 ]
 
 
-def continue_after(data_dir: Path, column: str, pass_id: int) -> None:
+def continue_after(data_dir: Path, columns: tuple[str, ...], pass_id: int) -> None:
     """The freshness row naming `pass_id` as the last pass that finished (`pass_id`) or the last
     full one (`full_pass_id`): what passes killed after their models and before the freshness
     row leave behind. The next pass of that kind takes every message after that pass's window,
     the killed passes' messages again."""
     conn = connect(DataPaths(data_dir))
     try:
-        conn.execute(f"update lake.marts.freshness set {column} = ?", [pass_id])
+        for column in columns:
+            conn.execute(f"update lake.marts.freshness set {column} = ?", [pass_id])
     finally:
         conn.close()
 
 
 def test_exactly_once(built: Built) -> None:
-    """A message processed twice changes nothing. A rest, a served and a full pass over the
-    window the last pass took (as after a pass killed after its models and before its freshness
-    row), then a served and a full pass over a window that overlaps it (two slices back, as two
-    writers that read the same freshness row would take), each leave every mart and state table
-    row for row as one full build of the same messages; the full and rest passes run the marts'
-    data tests (their unique keys among them), and compaction then folds the candidates these
-    passes appended to the full build's rows."""
+    """A message processed twice changes nothing. The rest of a full pass, a served pass and a
+    whole full pass over the window the last pass took (as after a pass killed after its models
+    and before its freshness row), then a served and a full pass over a window that overlaps it
+    (two slices back, as two writers that read the same freshness row would take), each leave
+    every mart and state table row for row as one full build of the same messages; the full
+    passes run the marts' data tests (their unique keys among them), and compaction then folds
+    the candidates these passes appended to the full build's rows."""
     inc = built.incremental
     through = last_pass(inc)["loaded_through"]
     windows = {p["pass_id"]: p for p in read_table(inc, "state.pass_manifest")}
-    for kind, column, index in AGAIN:
+    for kind, columns, index in AGAIN:
         after = windows[built.finished[index]]["loaded_through"]
-        step = f"{kind} pass over ({after}, {through}] (seed {SEED})"
-        continue_after(inc, column, built.finished[index])
+        step = f"{kind} pass after {columns} over ({after}, {through}] (seed {SEED})"
+        continue_after(inc, columns, built.finished[index])
         out = pipeline(inc, NO_COMPACTION, kind=kind)
         ran = last_pass(inc)
         assert (ran["loaded_after"], ran["loaded_through"]) == (after, through), step
