@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -91,7 +91,6 @@ class Proc:
     cmd: list[str]
     popen: subprocess.Popen[bytes] | None = None
     reader: threading.Thread | None = None
-    starts: list[float] = field(default_factory=list)  # wall times
 
 
 def _stamp_lines(stream: IO[bytes], log: Path) -> None:
@@ -197,15 +196,10 @@ class Product:
             target=_stamp_lines, args=(proc.popen.stdout, log), name=f"log-{name}", daemon=True
         )
         proc.reader.start()
-        proc.starts.append(time.time())
         if name == SERVER:
             wait_http(f"{self.url}/health", proc.popen, log, 120)  # type: ignore[arg-type]
         if name == MAILBOX:
             _wait_port(self.smtp_port, proc.popen, log)
-
-    def pid(self, name: str) -> int | None:
-        popen = self.procs[name].popen
-        return popen.pid if popen is not None and popen.poll() is None else None
 
     def kill(self, name: str) -> int | None:
         """kill -9 of the process's group (the process and any child it started); its PID, or
