@@ -43,7 +43,7 @@ BY_THE_WATCHER = "mallard pipeline run --watch"
 BY_A_REGULATION = "regulation "
 # The watcher's line as a pass begins, by kind.
 PASS_BEGINS = {
-    PassKind.FULL: "full pass",
+    PassKind.FULL: "pass: new landing files",
     PassKind.SERVED: "served pass: new landing files",
 }
 # The first line of a pass, or of a part of a full pass, that does not build every model: what it

@@ -1,7 +1,7 @@
 """The whole-system test (issue 52): the product started as `make run` starts it, every role at
 once under a seeded random schedule with processes killed, then invariants against what was acked.
 
-- product.py: the processes (server, pipeline watcher, Dagster daemon) and the SMTP sink;
+- product.py: the processes (mailbox, server, pipeline watcher, Dagster daemon);
 - plan.py: the personas and the plan of timed actions, from the seed;
 - schedule.py: the roles' threads, each calling the product as its users do;
 - oracle.py: the record of what each role sent and what the product answered;

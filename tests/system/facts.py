@@ -9,6 +9,7 @@ import json
 import shutil
 import sqlite3
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +144,28 @@ def _copy_regulations(source: DataPaths, dest: DataPaths) -> None:
     finally:
         src.close()
         dst.close()
+
+
+@dataclass(frozen=True)
+class Mail:
+    """One message as the local mailbox kept it."""
+
+    at: float  # wall time it was stored
+    message_id: str
+    to: str
+
+
+def read_mailbox(paths: DataPaths) -> list[Mail]:
+    """The messages `mallard mailbox serve` kept (data/mailbox/, a file each, named by the
+    nanosecond it was stored), oldest first."""
+    from mallard import mailbox
+
+    out = []
+    for f in mailbox.message_files(paths):
+        msg = mailbox.parse(f)
+        at = int(f.name.split("-", 1)[0]) / 1e9
+        out.append(Mail(at, str(msg.get("Message-ID", "")), str(msg.get("To", ""))))
+    return out
 
 
 def read_sent_emails(paths: DataPaths) -> list[tuple[str, str]]:

@@ -13,7 +13,7 @@ pipeline is idle.
    anonymousId, email, customer id, subscription id) in any lake table, landing file or other
    file of the data dir (Parquet and SQLite read by value: orchestration/regulations/verify.py),
    and none of its messageIds in a lake table or landing file.
-5. emails_at_most_once: each Message-ID reached the SMTP sink once, or twice when a process that
+5. emails_at_most_once: each Message-ID reached the mailbox once, or twice when a process that
    dispatches was killed between the two arrivals, at most 10 s after the first; every send the
    outbox marks sent arrived.
 6. journeys_replay: every start_journey of a persona never regulated made one journey instance,
@@ -37,8 +37,9 @@ from typing import Any
 
 from mallard.paths import DataPaths
 from mallard.warehouse import connect
+from tests.system.facts import Mail
 from tests.system.oracle import Oracle, Sent
-from tests.system.product import DAEMON, WATCHER, Mail
+from tests.system.product import DAEMON, WATCHER
 
 # Examples of one kind of failure shown before the rest are counted.
 SHOWN = 6
@@ -271,7 +272,7 @@ def deleted_leave_nothing(
 def emails_at_most_once(
     oracle: Oracle, mails: list[Mail], sent: list[tuple[str, str]], expected: bool = True
 ) -> Failures:
-    """`mails`: what the sink got; `sent`: the outbox's sends marked sent (read_sent_emails);
+    """`mails`: what the mailbox kept; `sent`: the outbox's sends marked sent (read_sent_emails);
     `expected`: whether the schedule sent commands (no email is then a failure)."""
     f = Failures()
     arrivals: dict[str, list[float]] = defaultdict(list)

@@ -1,7 +1,7 @@
-"""The product as `make run` starts it (mallard/up.py), for the whole-system test: `mallard serve`,
-`mallard pipeline run --watch` and `dagster-daemon run` as real subprocesses on a fresh data dir
-and free loopback ports, each in a session of its own and stopped or killed by its PID (its
-process group), and an SMTP sink (aiosmtpd, in this process) as MALLARD_SMTP_URL.
+"""The product as `make run` starts it (mallard/up.py), for the whole-system test: `mallard mailbox
+serve` (the local mailbox, MALLARD_SMTP_URL), `mallard serve`, `mallard pipeline run --watch` and
+`dagster-daemon run` as real subprocesses on a fresh data dir and free loopback ports, each in a
+session of its own and stopped or killed by its PID (its process group).
 
 Each process's output goes to `run/<name>.log` under the data dir, as under `make run`, every
 line stamped with the wall time it was read at, so a check can tell what happened after a kill.
@@ -12,29 +12,26 @@ many passes of every kind.
 from __future__ import annotations
 
 import contextlib
-import email
-import email.policy
-import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 import httpx
-from aiosmtpd.controller import Controller
 
 from mallard.harness import REPO, Endpoint, free_port, init_data_dir, wait_http
 from mallard.offline import TELEMETRY_OFF
 from mallard.paths import DataPaths
 from mallard.processes import alive, stop_groups
 
-SERVER, WATCHER, DAEMON = "server", "pipeline-watch", "dagster-daemon"
+SERVER, WATCHER, DAEMON, MAILBOX = "server", "pipeline-watch", "dagster-daemon", "mailbox"
 # The journey and audience the schedule uses, beside the repository's config (assets, tenants).
 JOURNEY_ID = "sys_flow"
 JOURNEY_TOML = """# The whole-system test's journey: every path ends within a minute of real
@@ -90,53 +87,11 @@ PRODUCT_ENV = {
 
 
 @dataclass
-class Mail:
-    """One message as the SMTP sink got it."""
-
-    at: float  # wall time
-    message_id: str
-    to: str
-    subject: str
-
-
-class MailSink:
-    """aiosmtpd handler keeping every message it is given (the `make run` mailbox, but outside
-    the data dir: the test reads what arrived, and a Delete's proof is not about it)."""
-
-    def __init__(self, log: Path) -> None:
-        self.mails: list[Mail] = []
-        self.lock = threading.Lock()
-        self.log = log
-
-    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:  # noqa: N802
-        raw = envelope.original_content or envelope.content
-        msg = email.message_from_bytes(
-            raw if isinstance(raw, bytes) else raw.encode(), policy=email.policy.default
-        )
-        mail = Mail(
-            time.time(),
-            str(msg.get("Message-ID", "")),
-            str(msg.get("To", "")),
-            str(msg.get("Subject", "")),
-        )
-        with self.lock:
-            self.mails.append(mail)
-            with open(self.log, "a") as f:
-                f.write(json.dumps(mail.__dict__) + "\n")
-        return "250 OK"
-
-    def snapshot(self) -> list[Mail]:
-        with self.lock:
-            return list(self.mails)
-
-
-@dataclass
 class Proc:
     name: str
     cmd: list[str]
     popen: subprocess.Popen[bytes] | None = None
     reader: threading.Thread | None = None
-    starts: list[float] = field(default_factory=list)  # wall times
 
 
 def _stamp_lines(stream: IO[bytes], log: Path) -> None:
@@ -148,8 +103,8 @@ def _stamp_lines(stream: IO[bytes], log: Path) -> None:
 
 
 class Product(Endpoint):
-    """Mallard on a fresh data dir under `root`: `start()` does what `mallard up` does (init,
-    server, a first pass, watcher, daemon) with a config dir of its own and the sink."""
+    """Mallard on a fresh data dir under `root`, with a config dir of its own (the test's
+    journey, later an audience); `prepare` makes both, `start` starts a process."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -159,8 +114,6 @@ class Product(Endpoint):
         self.paths = DataPaths(self.data)
         self.port = free_port()
         self.smtp_port = free_port()
-        self.sink = MailSink(root / "mail.jsonl")
-        self.controller: Controller | None = None
         self.creds: dict[str, str] = {}
         self.procs: dict[str, Proc] = {}
         self.lock = threading.Lock()  # one start, stop or kill at a time
@@ -187,11 +140,11 @@ class Product(Endpoint):
         (self.config / "journeys" / f"{JOURNEY_ID}.toml").write_text(JOURNEY_TOML)
         self.creds = init_data_dir(self.data)
         self.paths.run_dir.mkdir(parents=True, exist_ok=True)
-        self.controller = Controller(self.sink, hostname="127.0.0.1", port=self.smtp_port)
-        self.controller.start()
         python = sys.executable
         bin_dir = Path(python).parent
+        mailbox = [python, "-m", "mallard.cli", "mailbox", "serve", "--port", str(self.smtp_port)]
         self.procs = {
+            MAILBOX: Proc(MAILBOX, mailbox),
             SERVER: Proc(SERVER, [python, "-m", "mallard.cli", "serve", "--port", str(self.port)]),
             WATCHER: Proc(WATCHER, [python, "-m", "mallard.cli", "pipeline", "run", "--watch"]),
             DAEMON: Proc(
@@ -231,20 +184,10 @@ class Product(Endpoint):
             target=_stamp_lines, args=(proc.popen.stdout, log), name=f"log-{name}", daemon=True
         )
         proc.reader.start()
-        proc.starts.append(time.time())
         if name == SERVER:
             wait_http(f"{self.url}/health", proc.popen, log, 120)  # type: ignore[arg-type]
-
-    def start_all(self) -> None:
-        """What `mallard up` does after init: the server, one pass, the watcher, the daemon."""
-        self.start(SERVER)
-        self.cli("pipeline", "run", timeout=600)
-        self.start(WATCHER)
-        self.start(DAEMON)
-
-    def pid(self, name: str) -> int | None:
-        popen = self.procs[name].popen
-        return popen.pid if popen is not None and popen.poll() is None else None
+        if name == MAILBOX:
+            _wait_port(self.smtp_port, proc.popen, log)
 
     def kill(self, name: str) -> int | None:
         """kill -9 of the process's group (the process and any child it started); its PID, or
@@ -266,21 +209,18 @@ class Product(Endpoint):
                 self._start(name)
 
     def stop_all(self, timeout: float = 30) -> None:
-        """SIGTERM to each group, the daemon first; a group still there after `timeout` s is
-        SIGKILLed. Then the sink."""
+        """SIGTERM to each group, the daemon first, the mailbox last; a group still there after
+        `timeout` s is SIGKILLed. Then any regulation run still live."""
         with self.lock:
             running = [
                 p.popen
-                for name in (DAEMON, WATCHER, SERVER)
+                for name in (DAEMON, WATCHER, SERVER, MAILBOX)
                 if (p := self.procs.get(name)) and p.popen and p.popen.poll() is None
             ]
             stop_groups(running, timeout)
         for pid in self.regulation_run_pids().values():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
-        if self.controller is not None:
-            self.controller.stop()
-            self.controller = None
 
     def regulation_run_pids(self) -> dict[str, int]:
         """regulation id -> PID of its live run (the runs the server starts, each a session of
@@ -446,6 +386,19 @@ class Product(Endpoint):
                 with contextlib.suppress(ValueError):
                     out.append((float(stamp), line))
         return out
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"exited {proc.returncode}:\n{log.read_text()}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError(f"nothing listens on {port} after {timeout} s:\n{log.read_text()}")
 
 
 def _group_members(pgid: int) -> list[int]:

@@ -15,9 +15,9 @@ import pytest
 from mallard.harness import init_data_dir
 from mallard.paths import DataPaths
 from tests.system import invariants as inv
+from tests.system.facts import Mail
 from tests.system.oracle import Attempt, Filing, Kill, Oracle, Run, Snapshot
 from tests.system.plan import make_personas, plan
-from tests.system.product import Mail
 
 T0 = 1_000_000.0
 
@@ -139,7 +139,7 @@ def test_4_finds_a_deleted_persona_left_in_a_sqlite_file_or_any_file(tmp_path: P
 def test_5_allows_a_second_copy_only_right_after_a_kill_of_a_dispatcher() -> None:
     o = Oracle(7)
     o.started = T0
-    mails = [Mail(T0 + 10, "<s1@mallard>", "a@x", ""), Mail(T0 + 70, "<s1@mallard>", "a@x", "")]
+    mails = [Mail(T0 + 10, "<s1@mallard>", "a@x"), Mail(T0 + 70, "<s1@mallard>", "a@x")]
     sent = [("s1", "a@x")]
     assert kinds(inv.emails_at_most_once(o, mails, sent)) == [
         "twice, with no kill of a dispatcher right after the first"
@@ -148,7 +148,7 @@ def test_5_allows_a_second_copy_only_right_after_a_kill_of_a_dispatcher() -> Non
     assert not inv.emails_at_most_once(o, mails, sent)
     o.kills[0].at = T0 + 30  # too long after the first copy to have cut its mark short
     assert inv.emails_at_most_once(o, mails, sent)
-    third = [*mails, Mail(T0 + 90, "<s1@mallard>", "a@x", "")]
+    third = [*mails, Mail(T0 + 90, "<s1@mallard>", "a@x")]
     assert "more than twice" in kinds(inv.emails_at_most_once(o, third, sent))
     lost = inv.emails_at_most_once(o, mails[:1], [*sent, ("s2", "b@x")])
     assert kinds(lost) == ["marked sent in the outbox, never arrived"]
