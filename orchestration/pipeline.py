@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -126,6 +127,7 @@ def run_pipeline(
     # line per step; the UI keeps the full log.
     quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
     steps: list[StepResult] = []
+    console = sys.stdout
     with (
         dg.DagsterInstance.from_config(str(paths.dagster_home)) as instance,
         open(log, "a") as out,
@@ -136,7 +138,8 @@ def run_pipeline(
             tags = {LAUNCHED_BY: launched_by, PASS_KIND_TAG: kind.value}
             ok = True
             for part in pass_parts(paths, kind):
-                begin(part.kind)
+                with redirect_stdout(console):  # the caller's output, not the pass's log
+                    begin(part.kind)
                 job = defs.resolve_job_def(PIPELINE)
                 subset = pass_subset(paths, defs.resolve_asset_graph, part.kind, part.rest)
                 if subset:
