@@ -23,7 +23,11 @@ from tests.system.product import JOURNEY_ID
 PASS_STAMPED = {"built_at", "pass_id", "full_pass_id", "loaded_at"}
 # Marts that hold when passes ran, not what the messages say.
 NOT_COMPARED = {"freshness"}
-# Columns that hold the time of the pass that saw a change: compared as whether they are set.
+# Marts that keep a history of what passes saw (an audience stay begins and ends at the pass
+# that saw the change; a customer suppressed mid-run entered and left, which a rebuild after the
+# suppression never sees): compared as they are now, their rows of the past left out.
+CURRENT_ONLY = {"audience_members": "left_at is null"}
+# Columns that hold the time of the pass that saw a change: left out.
 PASS_TIMED = {("audience_members", "entered_at"), ("audience_members", "left_at")}
 
 
@@ -55,8 +59,8 @@ def read_duplicates(paths: DataPaths) -> tuple[int, int, int]:
 
 
 def read_marts(paths: DataPaths) -> dict[str, list[str]]:
-    """Every mart as canonical JSON rows, sorted; pass-stamped columns left out, pass-timed ones
-    as whether they are set."""
+    """Every mart as canonical JSON rows, sorted; pass-stamped and pass-timed columns left out,
+    and the past of a mart that keeps one."""
     conn = connect(paths, read_only=True)
     try:
         tables = [
@@ -70,15 +74,15 @@ def read_marts(paths: DataPaths) -> dict[str, list[str]]:
         for table in tables:
             if table in NOT_COMPARED:
                 continue
-            cur = conn.execute(f'select * from lake.marts."{table}"')
+            now = f" where {CURRENT_ONLY[table]}" if table in CURRENT_ONLY else ""
+            cur = conn.execute(f'select * from lake.marts."{table}"{now}')
             cols = [d[0] for d in cur.description]
             rows = []
             for r in cur.fetchall():
                 row = {}
                 for c, v in zip(cols, r, strict=True):
-                    if c in PASS_STAMPED:
-                        continue
-                    row[c] = (v is not None) if (table, c) in PASS_TIMED else _plain(v)
+                    if c not in PASS_STAMPED and (table, c) not in PASS_TIMED:
+                        row[c] = _plain(v)
                 rows.append(json.dumps(row, sort_keys=True, default=str))
             out[table] = sorted(rows)
         return out

@@ -7,7 +7,7 @@ pipeline is idle.
    persona), and so is every row of an import; a message every try of which a regulation
    dropped (eventId null) is not; no eventId and no (account, messageId) twice.
 2. marts_equal_rebuild: the marts equal those of a pass over a copy of the landing files in a
-   fresh data dir (order-insensitive; pass-stamped columns left out).
+   fresh data dir (order-insensitive; pass-stamped columns and audience stays ended left out).
 3. regulations_finished: every regulation of the account finished.
 4. deleted_leave_nothing: after each finished Delete, no identifier of the persona (userId,
    anonymousId, email, customer id, subscription id) in any lake table, landing file or other

@@ -260,10 +260,13 @@ def _ran(oracle: Oracle) -> str:
 def _summary(
     oracle: Oracle, results: dict[str, inv.Failures], product: Product, took: float
 ) -> str:
+    by_victim = Counter(k.victim for k in oracle.kills if k.pid)
     kills = ", ".join(
         f"{k.victim}@+{k.at - oracle.started:.0f}s" + ("" if k.pid else f" ({k.detail})")
-        for k in oracle.kills
+        for k in oracle.kills[-12:]
     )
+    if len(oracle.kills) > 12:
+        kills = f"{len(oracle.kills)} ({dict(by_victim)}), the last: {kills}"
     lines = [
         f"system test seed {SEED} ({DURATION:.0f} s schedule, {took:.0f} s in all); replay:"
         f" MALLARD_SYSTEM_SEED={SEED} MALLARD_SYSTEM_S={DURATION:.0f}"
