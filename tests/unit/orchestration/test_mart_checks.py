@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 from mallard.paths import DataPaths
 from orchestration.defs.checks import DUPLICATES_RATE, EVENTS_MATCH, LANDING_LAG, MART_CHECKS
 from orchestration.defs.ingest import PIPELINE
-from orchestration.pipeline import StepResult, run_pipeline, watch_pipeline
+from orchestration.pipeline import StepResult, request_full_pass, run_pipeline, watch_pipeline
 from orchestration.warehouse import lake_connection
 from tests.unit.orchestration.test_load import write_landing
 
@@ -88,9 +88,10 @@ def test_failed_checks_show_in_the_instance(tmp_path: Path) -> None:
         )
     finally:
         conn.close()
-    # The watcher, as `mallard up` runs it; nothing new landed: the models leave events as they
-    # are. Its pass fails on the check and is not run again every retry_s (another pass cannot
-    # mend the data), while a failed step of any other kind would be.
+    # The watcher, as `mallard up` runs it; nothing new landed, so it runs a pass only when one is
+    # asked for (as a regulation asks), and the models leave events as they are. Its pass fails on
+    # the check and is not run again every retry_s (another pass cannot mend the data), while a
+    # failed step of any other kind would be.
     reports: list[list[StepResult]] = []
     stop = threading.Event()
 
@@ -98,6 +99,7 @@ def test_failed_checks_show_in_the_instance(tmp_path: Path) -> None:
         reports.append(steps)
         threading.Timer(3.0, stop.set).start()
 
+    request_full_pass(paths)
     watch_pipeline(paths.root, stop, report, poll_s=0.05, retry_s=0.05, full_every_s=0)
     assert len(reports) == 1, reports
     step = health(reports[0])
