@@ -296,13 +296,27 @@ def health_step(evaluations: list[dg.AssetCheckEvaluation]) -> StepResult:
 
 def failed_steps(result: dg.ExecuteInProcessResult) -> list[StepResult]:
     """One line per failed step: its error's last line."""
-    steps = []
-    for f in result.all_events:
-        if f.is_step_failure:
-            err = f.step_failure_data.error  # type: ignore[union-attr]
-            msg = err.message.strip().splitlines()[-1] if err else "failed"
-            steps.append(StepResult(f.step_key or "step", False, msg))
-    return steps
+    return [
+        StepResult(f.step_key or "step", False, step_failure_line(f))
+        for f in result.all_events
+        if f.is_step_failure
+    ]
+
+
+def step_failure_line(event: dg.DagsterEvent) -> str:
+    """A failed step's error in one line: the first line of what the op raised (Dagster wraps
+    it in an error that names only the op; a DuckDB error's later lines point into its SQL), or
+    the last line of an error Dagster raised itself."""
+    err = event.step_failure_data.error if event.step_failure_data else None
+    if err is None:
+        return "failed"
+    if err.cause is None:
+        lines = err.message.strip().splitlines()
+        return lines[-1] if lines else "failed"
+    while err.cause is not None:
+        err = err.cause
+    lines = [line for line in err.message.strip().splitlines() if line.strip()]
+    return lines[0] if lines else err.cls_name or "failed"
 
 
 def _pass_off_the_main_thread(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -47,5 +49,49 @@ class LakeWriterResource(dg.ConfigurableResource):
 
     @contextmanager
     def yield_for_execution(self, context: dg.InitResourceContext) -> Iterator[Any]:
-        with locks.lake_writer(DataPaths(Path(self.data_dir))):
-            yield self
+        paths = DataPaths(Path(self.data_dir))
+        # Under run_pipeline the turn is already this thread's, and run_pipeline records the
+        # pass; a run Dagster launched is recorded here as its steps end.
+        recorded_by_caller = locks.holds_lake_writer(paths)
+        started = datetime.now(UTC)
+        with locks.lake_writer(paths):
+            try:
+                yield self
+            finally:
+                if not recorded_by_caller:
+                    _record_launched_run(paths, context, started)
+
+
+def _record_launched_run(
+    paths: DataPaths, context: dg.InitResourceContext, started: datetime
+) -> None:
+    """The data dir's last pass (mallard/passes.py) after a run Dagster launched: failed if a
+    step failed or a check of error severity did not pass."""
+    from mallard.passes import record_pass
+    from orchestration.pipeline import step_failure_line
+    from orchestration.window import PASS_KIND_TAG, PassKind
+
+    run = context.dagster_run
+    instance = context.instance
+    if run is None or instance is None:
+        return
+    error = None
+    for record in instance.all_logs(run.run_id):
+        event = record.dagster_event
+        if event is None:
+            continue
+        if event.event_type == dg.DagsterEventType.STEP_FAILURE:
+            error = f"{event.step_key}: {step_failure_line(event)}"
+            break
+        check = event.event_specific_data
+        if (
+            isinstance(check, dg.AssetCheckEvaluation)
+            and not check.passed
+            and check.severity == dg.AssetCheckSeverity.ERROR
+        ):
+            error = f"{check.check_name}: failed"
+            break
+    launched_by = run.tags.get("dagster/sensor_name") or run.tags.get("dagster/schedule_name")
+    kind = run.tags.get(PASS_KIND_TAG, PassKind.FULL.value)
+    with contextlib.suppress(OSError):  # the record is for people; a run never fails for it
+        record_pass(paths, kind, f"dagster {launched_by or 'launch'}", started, error)

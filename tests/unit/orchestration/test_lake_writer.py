@@ -80,3 +80,42 @@ def test_a_pass_holds_the_turn_until_it_ends(tmp_path: Path) -> None:
         waited = time.monotonic() - started
     holder.wait()
     assert waited >= 1.0, f"took the turn after {waited:.2f} s, while the holder had it"
+
+
+def test_a_run_dagster_launches_is_recorded_as_the_last_pass(tmp_path: Path) -> None:
+    """A run the daemon's sensor or the UI launches goes through the pipeline job's writer
+    resource, not run_pipeline: the resource records how it ended, as run_pipeline does."""
+    import dagster as dg
+
+    from mallard.passes import read_last_pass
+    from orchestration.defs import build_definitions
+    from orchestration.defs.ingest import PIPELINE
+    from tests.unit.orchestration.test_load import write_landing
+
+    paths = DataPaths(tmp_path)
+    (name,) = write_landing(paths, events=20, seed=3, files=1)
+    landed = next(paths.landing_dir.rglob(name))
+    good = landed.read_bytes()
+    landed.write_bytes(b"PAR1 not a parquet file")
+    # The load alone, as the UI materializes one asset: no dbt build needed to see the record.
+    job = (
+        build_definitions(paths.root)
+        .resolve_job_def(PIPELINE)
+        .get_subset(asset_selection={dg.AssetKey(["raw", "messages"])})
+    )
+    with dg.DagsterInstance.from_config(str(paths.dagster_home)) as instance:
+        failed = job.execute_in_process(instance=instance, raise_on_error=False)
+        assert not failed.success
+        record = read_last_pass(paths)
+        assert record is not None and not record.ok, record
+        assert record.launched_by == "dagster launch" and record.kind == "full"
+        assert record.error and record.error.startswith("raw__messages: "), record
+        assert "magic bytes" in record.error, record  # DuckDB's words, not Dagster's wrapper
+        assert record.failed_in_a_row == 1
+
+        landed.write_bytes(good)
+        assert job.execute_in_process(instance=instance, raise_on_error=False).success
+    record = read_last_pass(paths)
+    assert record is not None and record.ok and record.failed_in_a_row == 0, record
+    assert record.pass_number == 2
+    assert not holds_lake_writer(paths)
