@@ -407,6 +407,11 @@ def cmd_regulations(args: argparse.Namespace) -> int:
     store = RegulationStore(paths)
     try:
         if args.regulations_cmd == "run":
+            if args.unfinished == bool(args.regulation_id):
+                print("mallard: name a regulation or --unfinished, not both", file=sys.stderr)
+                return 2
+            if args.unfinished:
+                return _run_unfinished(paths, store)
             if store.get(args.regulation_id) is None:
                 print(f"mallard: no regulation {args.regulation_id}", file=sys.stderr)
                 return 1
@@ -490,6 +495,28 @@ def _run_regulation(paths: DataPaths, store: RegulationStore, regulation_id: str
     status, error = (reg.status, reg.error) if reg else ("gone", None)
     say(regulation_id, f"run ended: {status}" + (f" ({error})" if error else ""))
     return status
+
+
+def _run_unfinished(paths: DataPaths, store: RegulationStore) -> int:
+    """Run every unfinished regulation in filing order in this process, those filed meanwhile
+    too, skipping any a live run holds; 1 if one failed. One such run at a time."""
+    from mallard.regulation_runs import BACKLOG, run_lock, say
+
+    failed = 0
+    with run_lock(paths, BACKLOG, wait_s=0) as held:
+        if not held:
+            print("a live run takes the unfinished regulations already")
+            return 0
+        tried: set[str] = set()
+        while todo := [r.regulation_id for r in store.unfinished() if r.regulation_id not in tried]:
+            for regulation_id in todo:
+                tried.add(regulation_id)
+                try:
+                    failed += _run_regulation(paths, store, regulation_id) == "failed"
+                except Exception as e:  # the regulation is failed with it; the next ones run
+                    say(regulation_id, f"run stopped: {type(e).__name__}: {e}")
+                    failed += 1
+    return 1 if failed else 0
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -727,16 +754,17 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--client", required=True, help="clientId")
     c.add_argument("--account", help="accountId (default: the clientId)")
     c.add_argument("--limit", type=int, default=100)
-    for verb, text in (
-        ("show", "a regulation: status, per-subject outcome, evidence, download"),
-        ("run", "run a regulation in this process (what filing starts)"),
-    ):
-        c = g.add_parser(verb, parents=[common], help=text)
-        c.add_argument("regulation_id")
+    c = g.add_parser("show", parents=[common], help="a regulation: status, outcome, evidence")
+    c.add_argument("regulation_id")
+    c = g.add_parser("run", parents=[common], help="run a regulation here (what filing starts)")
+    c.add_argument("regulation_id", nargs="?")
+    c.add_argument(
+        "--unfinished", action="store_true", help="run every unfinished one, in filing order"
+    )
     c = g.add_parser("download", parents=[common], help="copy an ACCESS regulation's zip")
     c.add_argument("regulation_id")
     c.add_argument("-o", "--output", help="file to write (default: access-<id>.zip)")
-    g.add_parser("resume", parents=[common], help="start every unfinished regulation's run")
+    g.add_parser("resume", parents=[common], help="start the run of the unfinished regulations")
     s.set_defaults(fn=cmd_regulations)
 
     s = sub.add_parser("up", parents=[common], help="init, serve, demo data, pipeline, Dagster UI")

@@ -1,5 +1,8 @@
-"""Starting regulations' runs: each one a detached `mallard regulations run ID` process, at most
-one per regulation at a time.
+"""Starting regulations' runs: a filing starts a detached `mallard regulations run ID` process,
+at most one per regulation at a time; the regulations left unfinished (a killed run, a server
+that stopped) are carried forward by one `mallard regulations run --unfinished` process that
+takes them in filing order, however many there are (one process each would start dozens of
+Dagster processes at once after an outage, every one waiting for the same pass).
 
 A run holds an exclusive lock on `run/regulations/<id>.lock` under the data dir for as long as it
 lives (the kernel drops the lock when the process ends, however it ends) and writes its PID to
@@ -25,6 +28,9 @@ from mallard.paths import DataPaths
 from mallard.regulations import RegulationStore
 
 LOG_NAME = "regulations.log"
+# The lock name of the run that takes the unfinished regulations (not a regulation id's shape
+# of UUID, so it names no regulation).
+BACKLOG = "unfinished"
 # Regulation ids are UUID-shaped (mallard.ids.new_id); anything else never names a file.
 _ID = re.compile(r"^[0-9A-Za-z-]{1,64}$")
 
@@ -126,10 +132,13 @@ class RegulationRuns:
         }
 
     def command(self, regulation_id: str) -> list[str]:
-        return [sys.executable, "-m", "mallard.cli", "regulations", "run", regulation_id]
+        """The run of one regulation, or with BACKLOG, of every unfinished one."""
+        which = ["--unfinished"] if regulation_id == BACKLOG else [regulation_id]
+        return [sys.executable, "-m", "mallard.cli", "regulations", "run", *which]
 
     def start(self, regulation_id: str) -> int | None:
-        """Start the regulation's run; its PID, or None when a live run holds its lock."""
+        """Start the regulation's run (BACKLOG: the run of the unfinished ones); its PID, or
+        None when a live run holds its lock."""
         if running(self.paths, regulation_id):
             return None
         self.paths.run_dir.mkdir(parents=True, exist_ok=True)
@@ -148,11 +157,14 @@ class RegulationRuns:
         return proc.pid
 
     def resume(self, store: RegulationStore) -> dict[str, int]:
-        """Start every pending or running regulation whose run is not live: regulation id ->
-        the PID of the run started."""
-        started: dict[str, int] = {}
-        for reg in store.unfinished():
-            pid = self.start(reg.regulation_id)
-            if pid is not None:
-                started[reg.regulation_id] = pid
-        return started
+        """Carry forward every pending or running regulation whose run is not live: one run
+        takes them all in filing order. Regulation id -> the PID of that run; empty when none
+        waits, or when a run of the unfinished ones is live already (it takes them as it goes;
+        one it has passed is taken by the next resume, which every pass calls)."""
+        waiting = [
+            reg.regulation_id
+            for reg in store.unfinished()
+            if not running(self.paths, reg.regulation_id)
+        ]
+        pid = self.start(BACKLOG) if waiting else None
+        return {} if pid is None else dict.fromkeys(waiting, pid)
