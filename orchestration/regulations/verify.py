@@ -65,20 +65,27 @@ def _found_sql(column: str, dtype: str) -> str:
 
 def rows_remaining(conn: duckdb.DuckDBPyConnection, strings: list[str]) -> dict[str, int]:
     """Per lake table (every base table, every text, JSON or nested column), the rows naming
-    any of the strings; only tables with such rows."""
+    any of the strings; only tables with such rows. Read in one transaction, so one snapshot:
+    a pass committing meanwhile (dbt makes and drops `__dbt_backup` tables) changes nothing
+    of what was listed."""
     if not strings:
         return {}
     params = {"s": strings, "q": json_token_pattern(strings)}
     found: dict[str, int] = {}
-    for (schema, table), columns in lake_tables(conn).items():
-        text = [_found_sql(c, t) for c, t in columns.items() if _texty(t)]
-        if not text:
-            continue
-        row = conn.execute(
-            f'select count(*) from lake."{schema}"."{table}" where {" or ".join(text)}', params
-        ).fetchone()
-        if row and row[0]:
-            found[f"{schema}.{table}"] = int(row[0])
+    conn.execute("begin transaction")
+    try:
+        for (schema, table), columns in lake_tables(conn).items():
+            text = [_found_sql(c, t) for c, t in columns.items() if _texty(t)]
+            if not text:
+                continue
+            row = conn.execute(
+                f'select count(*) from lake."{schema}"."{table}" where {" or ".join(text)}',
+                params,
+            ).fetchone()
+            if row and row[0]:
+                found[f"{schema}.{table}"] = int(row[0])
+    finally:
+        conn.execute("rollback")
     return found
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 
+import pytest
+
 from mallard.paths import DataPaths
 from orchestration.context import DBT_DIR
 from orchestration.regulations.verify import bytes_found
@@ -52,3 +54,31 @@ def test_a_mailbox_message_is_searched_decoded_and_while_it_is_written(tmp_path:
         "mailbox/00000000000000000001-1-000000.eml": 1,
         "mailbox/.00000000000000000002-1-000001.eml.tmp": 1,
     }
+
+
+def test_the_lake_search_reads_one_snapshot_while_a_pass_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """dbt makes and drops `__dbt_backup` tables as a pass runs beside a Delete's verification:
+    a table listed must still be there when it is searched."""
+    from orchestration.regulations import verify
+    from orchestration.warehouse import lake_connection
+
+    paths = DataPaths(tmp_path / "data")
+    writer = lake_connection(paths)
+    writer.execute("create schema if not exists lake.marts")
+    writer.execute("create table lake.marts.events__dbt_backup as select 'subj-7f3a' as user_id")
+    listing = verify.lake_tables
+
+    def listed_then_dropped(conn: object) -> object:
+        tables = listing(conn)
+        writer.execute("drop table lake.marts.events__dbt_backup")  # the pass commits
+        return tables
+
+    monkeypatch.setattr(verify, "lake_tables", listed_then_dropped)
+    reader = lake_connection(paths)
+    try:
+        assert verify.rows_remaining(reader, ["subj-7f3a"]) == {"marts.events__dbt_backup": 1}
+    finally:
+        reader.close()
+        writer.close()
