@@ -45,7 +45,13 @@ def test_status_unknown_received_processed(dispatch_server: Server) -> None:  # 
 
     event_id = _post(server, "track", {"userId": "status-u1", "event": "Page Viewed"})
     first = _status(server, event_id)  # in the log or a landing file: not loaded yet
-    assert first == {"eventId": event_id, "status": "received", "errors": [], "sends": []}
+    assert first == {
+        "eventId": event_id,
+        "status": "received",
+        "reason": None,
+        "errors": [],
+        "sends": [],
+    }
     wait_landed(server.data_dir, [event_id])
     assert _status(server, event_id)["status"] == "received"
     _run_jobs(server, "load")  # lake.raw.messages only, no models
@@ -56,6 +62,7 @@ def test_status_unknown_received_processed(dispatch_server: Server) -> None:  # 
     assert _status(server, event_id) == {
         "eventId": event_id,
         "status": "processed",
+        "reason": None,
         "errors": [],
         "sends": [],
     }
