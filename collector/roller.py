@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import sqlite3
 import threading
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -31,7 +32,7 @@ from collector.wal import fsync_dir, list_segments, read_records, segment_seq
 from mallard import landing
 from mallard.distributed import storage
 from mallard.paths import DataPaths
-from mallard.regulations import RegulationStore
+from mallard.regulations import ListsUnavailable, RegulationStore
 from mallard.schemas import LANDING_SCHEMA, StoredHead
 
 ROLLER_NICENESS = 10  # added to the server's: rolls yield the cores to acknowledging
@@ -101,6 +102,11 @@ def write_atomic(table: pa.Table, target: Path, tag: str = "") -> None:
     fsync_dir(target.parent)
 
 
+# How long a roll retries the regulations store (busy, or unreadable for a moment) before it
+# leaves the segment for the next recovery: a Delete waits for segments opened before it.
+DROPPED_RETRY_S = 30.0
+
+
 def keep_dropped(paths: DataPaths, records: list[bytes]) -> int:
     """Put the segment's dropped calls into the regulations store; how many were new."""
     rows = []
@@ -111,11 +117,18 @@ def keep_dropped(paths: DataPaths, records: list[bytes]) -> int:
             rows.append((account_id, event_id, reason, at))
     if not rows:
         return 0
-    store = RegulationStore(paths)
-    try:
-        return store.record_dropped(rows)
-    finally:
-        store.close()
+    deadline = time.monotonic() + DROPPED_RETRY_S
+    while True:
+        try:
+            store = RegulationStore(paths)
+            try:
+                return store.record_dropped(rows)
+            finally:
+                store.close()
+        except (sqlite3.Error, OSError, ListsUnavailable):
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.5)
 
 
 def roll_segment(segment: Path, paths: DataPaths, collector_id: str) -> list[Path]:
@@ -126,7 +139,6 @@ def roll_segment(segment: Path, paths: DataPaths, collector_id: str) -> list[Pat
     except FileNotFoundError:  # landed meanwhile by another roller (see write_atomic)
         return []
     seq = segment_seq(segment)
-    keep_dropped(paths, records)
     remote = bool(storage().landing_url)
     out = []
     for day, table in sorted(records_to_tables(records).items()):
@@ -141,6 +153,8 @@ def roll_segment(segment: Path, paths: DataPaths, collector_id: str) -> list[Pat
         if not target.exists():
             write_atomic(table, target)
         out.append(target)
+    # After the landing files: a store that cannot be written delays only the dropped records.
+    keep_dropped(paths, records)
     segment.unlink(missing_ok=True)
     fsync_dir(segment.parent)
     return out

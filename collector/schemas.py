@@ -116,7 +116,9 @@ class IngestOk(msgspec.Struct, kw_only=True):
     success: Literal[True]
     eventId: Annotated[  # noqa: N815
         str,
-        Meta(description="The call's id (a batch's first); GET events/{eventId}/status follows it."),
+        Meta(
+            description="The call's id (a batch's first); GET events/{eventId}/status follows it."
+        ),
     ]
     eventIds: Annotated[  # noqa: N815
         list[str] | None,
