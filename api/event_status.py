@@ -14,6 +14,11 @@ once more before answering 404. Each ask is bounded:
 - the log segments not rolled yet (seconds of traffic each), a byte search before any
   record is decoded.
 
+A call a regulation dropped at the collector is `dropped`, with the list that dropped it as its
+`reason` (`suppress`, `no_track`): the regulations store's `dropped_events` holds it once the
+roller moved it there, a log segment not rolled yet holds its record before (collector.admission).
+Only this endpoint, for a token holder, tells a dropped call from a kept one.
+
 All reads go through the API's Warehouse (a read-only DuckDB on committed snapshots, which the
 pipeline's writes never wait for) and a read-only SQLite connection to the outbox.
 """
@@ -34,15 +39,18 @@ from litestar.params import FromPath
 from api.params import only
 from api.schemas import responses
 from api.service import Warehouse, freshness_headers, iso
+from collector.admission import is_dropped_record
 from collector.messages import Tenant
 from collector.routes import TENANT, TENANT_PATH
 from collector.wal import OPEN_SUFFIX, SEALED_SUFFIX, read_records
 from mallard.errors import NotFound, refuse_large_bodies
 from mallard.paths import DataPaths
+from mallard.regulations import RegulationStore
 from mallard.schemas import StoredHead
 from mallard.warehouse import LAKE
 
 PROCESSED, LOADED, RECEIVED, FAILED = "processed", "loaded", "received", "failed"
+DROPPED = "dropped"
 # Unloaded landing files one request reads at most (a backlog bigger than that is a pipeline
 # that has stopped; its newest files are the likeliest to hold a just-accepted event).
 MAX_LANDING_FILES = 200
@@ -94,11 +102,14 @@ class EventStatus(msgspec.Struct):
     status: str
     errors: list[StatusError]
     sends: list[SendStatus]
+    # A dropped call only: the regulation's list that dropped it, suppress or no_track.
+    reason: str | None = None
 
 
 STATUS_EXAMPLE = {
     "eventId": "019ac2b0-5d1e-7000-8a3c-1f2e3d4c5b6a",
     "status": "processed",
+    "reason": None,
     "errors": [],
     "sends": [
         {
@@ -187,10 +198,11 @@ def in_landing(wh: Warehouse, paths: DataPaths, account_id: str, event_id: str) 
     return bool(rows)
 
 
-def in_log(paths: DataPaths, account_id: str, event_id: str) -> bool:
-    """Whether a collector's log segment not rolled yet holds the event."""
+def in_log(paths: DataPaths, account_id: str, event_id: str) -> str | None:
+    """What a collector's log segment not rolled yet holds of the event: RECEIVED for the
+    message, the list's name for a dropped call's record, None for nothing."""
     if not paths.wal_dir.exists():
-        return False
+        return None
     segments: list[Path] = []
     for folder in paths.wal_dir.iterdir():
         if folder.is_dir():
@@ -201,25 +213,41 @@ def in_log(paths: DataPaths, account_id: str, event_id: str) -> bool:
             if needle not in segment.read_bytes():
                 continue
             for raw in read_records(segment):
-                if needle in raw:
-                    head = _decode_head.decode(raw)
-                    if head.event_id == event_id and head.account_id == account_id:
-                        return True
+                if needle not in raw:
+                    continue
+                if is_dropped_record(raw):
+                    _, reason, account, dropped_id, _ = msgspec.json.decode(raw)
+                    if dropped_id == event_id and account == account_id:
+                        return str(reason)
+                    continue
+                head = _decode_head.decode(raw)
+                if head.event_id == event_id and head.account_id == account_id:
+                    return RECEIVED
         except (FileNotFoundError, msgspec.DecodeError):
             continue
-    return False
+    return None
 
 
-def stage(wh: Warehouse, account_id: str, event_id: str) -> str | None:
-    """The furthest stage the event reached, or None when the account has no such event."""
+def stage(
+    wh: Warehouse, store: RegulationStore | None, account_id: str, event_id: str
+) -> tuple[str, str | None] | None:
+    """The furthest stage the event reached with the list that dropped it (for DROPPED), or
+    None when the account has no such event."""
     paths = wh.paths
     for _ in range(2):  # a second time for an event that moved on between two asks
+        if store is not None and (reason := store.dropped(account_id, event_id)) is not None:
+            return DROPPED, reason
         if in_marts(wh, account_id, event_id):
-            return PROCESSED
+            return PROCESSED, None
         if in_raw(wh, account_id, event_id):
-            return LOADED
-        if in_landing(wh, paths, account_id, event_id) or in_log(paths, account_id, event_id):
-            return RECEIVED
+            return LOADED, None
+        if in_landing(wh, paths, account_id, event_id):
+            return RECEIVED, None
+        logged = in_log(paths, account_id, event_id)
+        if logged == RECEIVED:
+            return RECEIVED, None
+        if logged is not None:
+            return DROPPED, logged
     return None
 
 
@@ -242,13 +270,17 @@ def sends_of(paths: DataPaths, account_id: str, event_id: str) -> list[Any]:
     return [s for s in map(_send, rows) if s.account_id == account_id]
 
 
-def event_status(wh: Warehouse, account_id: str, event_id: str) -> EventStatus | None:
-    found = stage(wh, account_id, event_id)
+def event_status(
+    wh: Warehouse, store: RegulationStore | None, account_id: str, event_id: str
+) -> EventStatus | None:
+    found = stage(wh, store, account_id, event_id)
     if found is None:
         return None
+    status, reason = found
+    if status == DROPPED:
+        return EventStatus(event_id, status, [], [], reason)
     sends = sends_of(wh.paths, account_id, event_id)
     errors: list[StatusError] = []
-    status = found
     if sends and all(s.status == FAILED for s in sends):
         status = FAILED
         errors = [
@@ -291,12 +323,15 @@ class EventStatusApi(Controller):
         sync_to_thread=True,
         summary="What became of an event",
         description="status: received (accepted, not loaded yet), loaded (in the warehouse's raw"
-        " messages), processed (in the events the API serves) or failed (a command whose sends"
-        " all failed; errors say why). sends: for a command (send_email, send_sms, send_push,"
-        " send_print), each send with its outcome (pending, sending, sent, skipped, failed) and"
-        " reason; empty for any other event. 404 for an eventId this account does not have.",
+        " messages), processed (in the events the API serves), failed (a command whose sends"
+        " all failed; errors say why) or dropped (a Suppress or NoTrack regulation of its user"
+        " dropped it at the collector; reason: suppress or no_track, null otherwise; the"
+        " sender's answer was that of any accepted call). sends: for a command (send_email,"
+        " send_sms, send_push, send_print), each send with its outcome (pending, sending,"
+        " sent, skipped, failed) and reason; empty for any other event. 404 for an eventId"
+        " this account does not have.",
         responses=responses(
-            EventStatus, "{eventId, status, errors, sends}", example=STATUS_EXAMPLE
+            EventStatus, "{eventId, status, reason, errors, sends}", example=STATUS_EXAMPLE
         ),
     )
     def get_event_status(
@@ -307,7 +342,8 @@ class EventStatusApi(Controller):
     ) -> Response[bytes]:
         only(request, frozenset())
         wh: Warehouse = request.app.state.warehouse
-        found = event_status(wh, tenant.account_id, eventId)
+        store: RegulationStore | None = getattr(request.app.state, "regulations", None)
+        found = event_status(wh, store, tenant.account_id, eventId)
         headers = freshness_headers(wh.latest) if wh.latest is not None else {}
         if found is None:
             raise NotFound(f"no event {eventId}", headers=headers)

@@ -229,10 +229,17 @@ def account_regulation(store: RegulationStore, tenant: Tenant, regulation_id: st
 
 def download_file(reg: Regulation, paths: DataPaths, now: float | None = None) -> Path:
     """The Access zip of a regulation: 404 while there is none yet (or for another type), 410
-    once its download expired or the zip was removed."""
+    once the zip existed and is gone (a Delete of its subject removed it, or the download
+    expired), with the reason."""
     rid = reg.regulation_id
     if reg.regulation_type != "ACCESS":
         raise NotFound(f"regulation {rid} is {reg.regulation_type}: only ACCESS has a download")
+    removed = (reg.evidence or {}).get("downloadRemoved")
+    if reg.download_path is None and isinstance(removed, dict):
+        raise Gone(
+            f"the download of regulation {rid} was removed at {removed.get('at')} by regulation"
+            f" {removed.get('by')}, a Delete of its subject"
+        )
     if _expired(reg, time.time() if now is None else now):
         raise Gone(f"the download of regulation {rid} expired at {iso(reg.download_expires_at)}")
     if reg.download_path is None:

@@ -10,8 +10,13 @@ userId or of its anonymousId is in it.
   (INTERFACE 2.10: identify via the API still works, identify via the tag does not); every
   other call passes.
 
-The sender still gets 200; a dropped call's eventId is null in the answer. While the lists
-cannot be read nothing is admitted: `Unavailable` (503), and nothing is stored.
+The sender gets the answer of any accepted call: 200 with an eventId stamped as a stored call's
+is, after the same durable write. A dropped call's record in the log (`dropped_record`) holds its
+eventId, account, the list that dropped it and the time, nothing of the call itself; the roller
+moves it to the regulations store (`dropped_events`), where the status endpoint finds it for a
+token holder. So nothing in the answer, its headers or its timing tells a writeKey holder that a
+user is regulated. While the lists cannot be read nothing is admitted: `Unavailable` (503), and
+nothing is stored.
 
 Cost: an account with no list entry pays one read of the mapped generation counter and one dict
 lookup per request; only the calls of an account with entries are hashed.
@@ -31,7 +36,14 @@ from typing import Any
 from collector.messages import Tenant
 from mallard.commands import command_of
 from mallard.errors import Unavailable
-from mallard.regulations import AdmissionLists, Generation, ListsUnavailable, identifier_hash
+from mallard.regulations import (
+    NO_TRACK,
+    SUPPRESS,
+    AdmissionLists,
+    Generation,
+    ListsUnavailable,
+    identifier_hash,
+)
 
 log = logging.getLogger(__name__)
 
@@ -67,27 +79,29 @@ class Snapshot:
 ID_FIELDS = ("userId", "anonymousId", "previousId")
 
 
-def admits(
+def drop_reason(
     kind: str, msg: dict[str, Any], channel: str, regulated: Regulated, hashes: list[str]
-) -> bool:
-    """Whether a call of a subject with these identifier hashes is let in."""
+) -> str | None:
+    """The list that drops a call of a subject with these identifier hashes, or None."""
     if any(h in regulated.suppress for h in hashes):
-        return False
+        return SUPPRESS
     if not any(h in regulated.no_track for h in hashes):
-        return True
+        return None
     if kind == "track":
-        return command_of(msg.get("event")) is not None
+        return None if command_of(msg.get("event")) is not None else NO_TRACK
     if kind in NO_TRACK_DROPS:
-        return False
-    if kind == "identify":
-        return channel != TAG_CHANNEL
-    return True
+        return NO_TRACK
+    if kind == "identify" and channel == TAG_CHANNEL:
+        return NO_TRACK
+    return None
 
 
-def admit_regulated(
-    snapshot: Snapshot, tenant: Tenant, channel: str, items: list[Item]
-) -> list[bool] | None:
-    """Per item whether it is let in, or None when all are (the account has no list entry)."""
+Drops = list[str | None] | None
+
+
+def admit_regulated(snapshot: Snapshot, tenant: Tenant, channel: str, items: list[Item]) -> Drops:
+    """Per item the list that drops it (None: let in), or None when all are let in (the account
+    has no list entry)."""
     regulated = snapshot.accounts.get(tenant.account_id)
     if regulated is None:
         return None
@@ -107,21 +121,34 @@ def admit_regulated(
                 out.append(h)
         return out
 
-    return [admits(kind, msg, channel, regulated, hashes(msg)) for kind, msg in items]
+    return [drop_reason(kind, msg, channel, regulated, hashes(msg)) for kind, msg in items]
 
 
-def admitted(items: list[Item], keep: list[bool] | None) -> list[Item]:
-    if keep is None:
-        return items
-    return [item for item, ok in zip(items, keep, strict=True) if ok]
+# The first element of a dropped call's record in the log: a stored message is a JSON object,
+# this record a JSON array, so the roller and the status endpoint tell them apart by the first
+# byte, and a client's keys can never make a message look like one.
+DROPPED = "dropped"
 
 
-def answer_ids(keep: list[bool] | None, stored_ids: list[str]) -> list[str | None]:
-    """The eventIds of the answer, one per item in order: null where the item was dropped."""
-    if keep is None:
-        return list(stored_ids)
-    ids = iter(stored_ids)
-    return [next(ids) if ok else None for ok in keep]
+def dropped_record(stored: dict[str, Any], reason: str) -> list[str]:
+    """The log record of a dropped call: ["dropped", list, accountId, eventId, receivedAt]."""
+    return [DROPPED, reason, stored["accountId"], stored["eventId"], stored["receivedAt"]]
+
+
+def is_dropped_record(raw: bytes) -> bool:
+    return raw[:1] == b"["
+
+
+def records(stamped: list[dict[str, Any]], drops: Drops) -> list[Any]:
+    """What goes to the log for these stamped calls: each kept call, each dropped one's record.
+    Every call was stamped (its eventId and receivedAt made) the same way whether dropped or
+    not, and the answer lists every call's eventId."""
+    if drops is None:
+        return stamped
+    return [
+        s if reason is None else dropped_record(s, reason)
+        for s, reason in zip(stamped, drops, strict=True)
+    ]
 
 
 # Separators around identifiers inside a metrics string (tags such as "wk:<key>", query strings).
@@ -211,8 +238,8 @@ class Admission:
                 # Each call loads the lists again; a load retries for LISTS_RETRY_S (1 s).
                 raise Unavailable(UNAVAILABLE, headers={"Retry-After": "1"}) from e
 
-    async def admit(self, tenant: Tenant, channel: str, items: list[Item]) -> list[bool] | None:
-        """Per item whether it is let in, or None when all are."""
+    async def admit(self, tenant: Tenant, channel: str, items: list[Item]) -> Drops:
+        """Per item the list that drops it (None: let in), or None when all are let in."""
         return admit_regulated(await self.current(), tenant, channel, items)
 
     async def admits_metrics(self, payload: Any) -> bool:

@@ -25,7 +25,7 @@ from typing import Any
 import msgspec
 from litestar import MediaType, Request, Response, post
 
-from collector.admission import admitted, answer_ids
+from collector.admission import records
 from collector.messages import CALL_KINDS, Tenant, iso, stamp, validate
 from collector.routes import decode_json, decode_object, parse_batch
 from collector.schemas import (
@@ -136,19 +136,19 @@ async def _accept(
     *,
     channel: str,
     source: str,
-) -> list[str | None]:
-    """The eventIds of the answer, one per item: null where a regulation dropped the item."""
+) -> list[str]:
+    """The eventIds of the answer, one per item, once every item is durable (a call a
+    regulation drops as its record: collector.admission)."""
     collector: Collector = request.app.state.collector
-    keep = await collector.admission.admit(tenant, channel, items)
+    drops = await collector.admission.admit(tenant, channel, items)
     received = datetime.now(UTC)
     ip = request.client.host if request.client else None
-    stored = [
+    stamped = [
         stamp(kind, item, tenant, channel=channel, source=source, received=received, request_ip=ip)
-        for kind, item in admitted(items, keep)
+        for kind, item in items
     ]
-    if stored:
-        await collector.accept(stored)
-    return answer_ids(keep, [s["eventId"] for s in stored])
+    await collector.accept(records(stamped, drops))
+    return [s["eventId"] for s in stamped]
 
 
 def _single(body: bytes, path_kind: str | None, limits: Limits) -> tuple[str, dict[str, Any]]:
@@ -206,7 +206,7 @@ async def _one_call(
         # Mobile apps may post single events to the tag paths too; they say so in `channel`.
         channel = "mobile" if msg.get("channel") == "mobile" else "browser"
     ids = await _accept(request, tenant, [(kind, msg)], channel=channel, source=source)
-    return _ok({"success": True, "eventId": ids[0] if ids else None})
+    return _ok({"success": True, "eventId": ids[0]})
 
 
 _ONE = "One call; the path names its type (t takes any type, track if none)."
@@ -246,7 +246,7 @@ async def tag_batch(request: Request[Any, Any, Any]) -> Response[bytes]:
     key, items = _batch(await read_body(request), request.app.state.settings.limits)
     tenant = tenant_for(request, key)
     ids = await _accept(request, tenant, items, channel="browser", source="tag")
-    return _ok({"success": True, "eventId": ids[0] if ids else None, "eventIds": ids})
+    return _ok({"success": True, "eventId": ids[0], "eventIds": ids})
 
 
 @post(
@@ -263,7 +263,7 @@ async def mobile_batch(request: Request[Any, Any, Any]) -> Response[bytes]:
     key, items = _batch(await read_body(request), limits)
     tenant = tenant_for(request, key)
     ids = await _accept(request, tenant, items, channel="mobile", source="mobile")
-    return _ok({"success": True, "eventId": ids[0] if ids else None, "eventIds": ids})
+    return _ok({"success": True, "eventId": ids[0], "eventIds": ids})
 
 
 @post(
@@ -292,7 +292,7 @@ async def segment_batch(request: Request[Any, Any, Any]) -> Response[bytes]:
     key, items = _batch(await read_body(request), request.app.state.settings.limits)
     tenant = tenant_for(request, key)
     ids = await _accept(request, tenant, items, channel="server", source="segment")
-    return _ok({"success": True, "eventId": ids[0] if ids else None, "eventIds": ids})
+    return _ok({"success": True, "eventId": ids[0], "eventIds": ids})
 
 
 class _MetricsLog:

@@ -6,6 +6,9 @@ deleted. With MALLARD_LANDING_URL they land on S3 instead, under the collector's
 (`<collector>/date=.../`, mallard/landing.py), one whole PUT each. The names come from the
 segment, so a crash at any point is repaired by rolling the segment again: files already
 landed are kept, and none is written twice.
+
+The records of calls a regulation dropped (collector.admission) land in no file: they go to the
+regulations store's `dropped_events`, before the segment is deleted (again by a second roll).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import sqlite3
 import threading
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -23,10 +27,12 @@ import msgspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from collector.admission import is_dropped_record
 from collector.wal import fsync_dir, list_segments, read_records, segment_seq
 from mallard import landing
 from mallard.distributed import storage
 from mallard.paths import DataPaths
+from mallard.regulations import ListsUnavailable, RegulationStore
 from mallard.schemas import LANDING_SCHEMA, StoredHead
 
 ROLLER_NICENESS = 10  # added to the server's: rolls yield the cores to acknowledging
@@ -51,9 +57,11 @@ def _ts(value: str | None) -> datetime | None:
 
 
 def records_to_tables(records: list[bytes]) -> dict[str, pa.Table]:
-    """Landing tables keyed by receive date (YYYY-MM-DD)."""
+    """Landing tables keyed by receive date (YYYY-MM-DD); dropped calls' records are left out."""
     by_date: dict[str, dict[str, list[object]]] = {}
     for raw in records:
+        if is_dropped_record(raw):
+            continue
         h = _head(raw)
         day = h.received_at[:10]
         cols = by_date.get(day)
@@ -94,6 +102,35 @@ def write_atomic(table: pa.Table, target: Path, tag: str = "") -> None:
     fsync_dir(target.parent)
 
 
+# How long a roll retries the regulations store (busy, or unreadable for a moment) before it
+# leaves the segment for the next recovery: a Delete waits for segments opened before it.
+DROPPED_RETRY_S = 30.0
+
+
+def keep_dropped(paths: DataPaths, records: list[bytes]) -> int:
+    """Put the segment's dropped calls into the regulations store; how many were new."""
+    rows = []
+    for raw in records:
+        if is_dropped_record(raw):
+            _, reason, account_id, event_id, received_at = msgspec.json.decode(raw)
+            at = datetime.fromisoformat(received_at).timestamp()
+            rows.append((account_id, event_id, reason, at))
+    if not rows:
+        return 0
+    deadline = time.monotonic() + DROPPED_RETRY_S
+    while True:
+        try:
+            store = RegulationStore(paths)
+            try:
+                return store.record_dropped(rows)
+            finally:
+                store.close()
+        except (sqlite3.Error, OSError, ListsUnavailable):
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.5)
+
+
 def roll_segment(segment: Path, paths: DataPaths, collector_id: str) -> list[Path]:
     """Land one segment's intact records; returns the landing files (new or already there;
     on S3, their names under the landing URL)."""
@@ -116,6 +153,8 @@ def roll_segment(segment: Path, paths: DataPaths, collector_id: str) -> list[Pat
         if not target.exists():
             write_atomic(table, target)
         out.append(target)
+    # After the landing files: a store that cannot be written delays only the dropped records.
+    keep_dropped(paths, records)
     segment.unlink(missing_ok=True)
     fsync_dir(segment.parent)
     return out

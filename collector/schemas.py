@@ -115,14 +115,14 @@ class ClientBatch(msgspec.Struct, kw_only=True):
 class IngestOk(msgspec.Struct, kw_only=True):
     success: Literal[True]
     eventId: Annotated[  # noqa: N815
-        str | None,
-        Meta(description="The call's id (a batch's first); null if a regulation dropped it."),
+        str,
+        Meta(
+            description="The call's id (a batch's first); GET events/{eventId}/status follows it."
+        ),
     ]
     eventIds: Annotated[  # noqa: N815
-        list[str | None] | None,
-        Meta(
-            description="A batch only: every call's id, in order; null if a regulation dropped it."
-        ),
+        list[str] | None,
+        Meta(description="A batch only: every call's id, in order."),
     ] = None
 
 

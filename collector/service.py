@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -80,10 +81,11 @@ class Collector:
         self.wal.close()
         self.roller.close()
 
-    async def accept(self, stored: list[dict[str, object]]) -> None:
-        """Returns once every message is durable; Unavailable if the log cannot be written."""
+    async def accept(self, records: list[Any]) -> None:
+        """Returns once every record (a stored message, or a dropped call's record:
+        collector.admission) is durable; Unavailable if the log cannot be written."""
         try:
-            await self.wal.append_frames_async(encode_frames(stored, _encoder))
+            await self.wal.append_frames_async(encode_frames(records, _encoder))
         except WalUnavailable as e:
             # The log tries a fresh segment once a second (WriteAheadLog._retry).
             raise Unavailable(

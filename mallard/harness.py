@@ -320,6 +320,14 @@ class Server(Endpoint):
     def get(self, path: str, **kw: Any) -> httpx.Response:
         return httpx.get(f"{self.base}/{path}", headers=self.headers, timeout=30, **kw)
 
+    def dropped(self, event_id: str) -> str | None:
+        """The list that dropped this acknowledged call (`suppress`, `no_track`), None for a
+        call that was kept: what `GET events/{eventId}/status` tells a token holder."""
+        r = self.get(f"events/{event_id}/status")
+        assert r.status_code == 200, r.text
+        body = r.json()
+        return str(body["reason"]) if body["status"] == "dropped" else None
+
     def wait_regulation(self, regulation_id: str, timeout: float = 300) -> dict[str, Any]:
         """The regulation's resource once it is finished or failed. Not done in time: an error
         with the end of the data dir's run log (`run/regulations.log`), where every run of a

@@ -569,7 +569,8 @@ def import_customers(
                 keep = None
                 if regulated:
                     items = [("identify", {"userId": u}) for u in part["userId"]]
-                    keep = admit_regulated(snapshot, tenant, CHANNEL, items)
+                    drops = admit_regulated(snapshot, tenant, CHANNEL, items)
+                    keep = None if drops is None else [reason is None for reason in drops]
                 chunk = chunk_messages(part, st, keep)
                 dropped += part.height - len(chunk)
                 if len(chunk):

@@ -12,6 +12,11 @@ One SQLite file in the data dir (`regulations.sqlite`, WAL mode, secure_delete o
 - `tombstones`: keyed hashes of the deleted users' userIds, anonymousIds and messageIds, with
   the time of the delete. The loader drops rows they match, so a rebuild from an old copy of the
   landing files, or a replay of the old messages, cannot bring a deleted user back.
+- `dropped_events`: the eventIds of the calls the collectors dropped, per account, with the list
+  that dropped them (`suppress`, `no_track`) and when: what the status endpoint answers
+  `dropped` from (the sender's own answer is that of any accepted call). Each row holds no
+  identifier of the user. The rows of the last DROPPED_KEEP_DAYS days are kept, at most
+  DROPPED_MAX_ROWS of them.
 
 Every change of the lists increments the counter in `regulations.generation` before the change
 is acknowledged; collectors (`AdmissionLists`) map that file and reload the lists when it moves,
@@ -53,6 +58,10 @@ MAX_IDS = 5000
 MAX_ID_CHARS = 1024
 STATUSES = ("pending", "running", "finished", "failed")
 SUPPRESS, NO_TRACK = "suppress", "no_track"
+# How long, and how many, dropped eventIds the status endpoint can still answer `dropped` for:
+# a sender checks an eventId within minutes; 30 days and ~100 bytes a row keep the store small.
+DROPPED_KEEP_DAYS = 30
+DROPPED_MAX_ROWS = 1_000_000
 # Tombstone kinds.
 USER, ANONYMOUS, MESSAGE = "user", "anonymous", "message"
 HASH_PURPOSE = "mallard regulations v1"
@@ -97,6 +106,14 @@ create table if not exists tombstones (
     regulation_id text not null,
     primary key (account_id, kind, id_hash)
 );
+create table if not exists dropped_events (
+    account_id text not null,
+    event_id text not null,
+    list text not null,             -- suppress or no_track
+    dropped_at real not null,
+    primary key (account_id, event_id)
+);
+create index if not exists dropped_events_by_time on dropped_events (dropped_at);
 """
 
 
@@ -445,6 +462,39 @@ class RegulationStore:
         if account_id is None:
             return self._conn().execute(sql).fetchall()
         return self._conn().execute(sql + " where account_id = ?", (account_id,)).fetchall()
+
+    # --- dropped calls --------------------------------------------------------------------------
+
+    def record_dropped(self, rows: Iterable[tuple[str, str, str, float]]) -> int:
+        """Keep (account_id, eventId, list, dropped_at) of dropped calls (a row kept twice is
+        one), and forget those past DROPPED_KEEP_DAYS or beyond the last DROPPED_MAX_ROWS; the
+        number of rows added."""
+        with self._tx() as conn:
+            before = conn.total_changes
+            conn.executemany("insert or ignore into dropped_events values (?, ?, ?, ?)", rows)
+            added = conn.total_changes - before
+            if added:
+                cutoff = time.time() - DROPPED_KEEP_DAYS * 86400
+                conn.execute("delete from dropped_events where dropped_at < ?", (cutoff,))
+                # Rowids grow with each insert: the oldest rows beyond the cap go by range.
+                conn.execute(
+                    "delete from dropped_events"
+                    " where rowid <= (select max(rowid) from dropped_events) - ?",
+                    (DROPPED_MAX_ROWS,),
+                )
+            return added
+
+    def dropped(self, account_id: str, event_id: str) -> str | None:
+        """The list (`suppress`, `no_track`) that dropped this call of the account, or None."""
+        row = (
+            self._conn()
+            .execute(
+                "select list from dropped_events where account_id = ? and event_id = ?",
+                (account_id, event_id),
+            )
+            .fetchone()
+        )
+        return None if row is None else str(row[0])
 
     # --- a regulation's run -------------------------------------------------------------------
 

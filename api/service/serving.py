@@ -187,7 +187,14 @@ class Serving(Lake):
                 version = self._serving
         snap = self._fresh.get(version)
         if snap is None:
-            fresh = self._query(f"select built_at, data_through from {at(FRESHNESS, version)}")
+            # A pass commits its marts one by one and the freshness row last: a snapshot read
+            # between them holds events newer than its row says. Through the newest receipt in
+            # the snapshot's own events, the header is never older than an event it serves.
+            fresh = self._query(
+                f"select built_at, greatest(data_through,"
+                f" (select max(received_time) from {at(EVENTS, version)}))"
+                f" from {at(FRESHNESS, version)}"
+            )
             snap = Snapshot(version, *(fresh[0] if fresh else (None, None)))
             if len(self._fresh) > 1000:  # the served one stays: requests read it
                 self._fresh = {k: v for k, v in self._fresh.items() if k == self._serving}

@@ -351,7 +351,7 @@ def purge_side_stores(
     subject = _subject(reg)
     journal = purge.purge_preferences_journal(lake.paths, subject)
     _, metrics = purge.purge_metrics(lake.paths, subject)
-    zips = purge.purge_access_zips(store, subject)
+    zips = purge.purge_access_zips(store, subject, reg.regulation_id)
     outbox = purge.purge_outbox(lake.paths, subject)
     outbox_files = purge.purge_file_outbox(lake.paths, subject)
     mail = purge.purge_mailbox(lake.paths, subject)

@@ -540,8 +540,10 @@ def purge_metrics(paths: DataPaths, subject: Subject) -> tuple[int, int]:
     return purge_text_lines(sorted(paths.metrics_dir.glob("*.jsonl")), subject.strings())
 
 
-def purge_access_zips(store: RegulationStore, subject: Subject) -> int:
-    """Remove the Access zips of earlier ACCESS regulations of the subject; how many."""
+def purge_access_zips(store: RegulationStore, subject: Subject, regulation_id: str) -> int:
+    """Remove the Access zips of earlier ACCESS regulations of the subject; how many. Each such
+    regulation keeps when its zip was removed and by which regulation (`downloadRemoved` in its
+    evidence): its download then answers 410 with that reason, not 404 as one never made."""
     wanted = {store.hash(subject.account_id, u) for u in subject.user_ids}
     removed = 0
     for reg in store.list_account(subject.account_id):
@@ -551,7 +553,10 @@ def purge_access_zips(store: RegulationStore, subject: Subject) -> int:
             Path(reg.download_path).unlink()
             removed += 1
         if reg.download_path:
-            store.save(reg.regulation_id, download_path=None, download_expires_at=None)
+            at = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+            gone = {"at": at, "by": regulation_id}
+            evidence = {**(reg.evidence or {}), "downloadRemoved": gone}
+            store.save(reg.regulation_id, download_path=None, evidence=evidence)
     return removed
 
 

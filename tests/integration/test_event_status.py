@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from datetime import datetime
 from typing import Any
 
 from tests.conftest import REPO, Server, wait_landed
@@ -45,7 +47,13 @@ def test_status_unknown_received_processed(dispatch_server: Server) -> None:  # 
 
     event_id = _post(server, "track", {"userId": "status-u1", "event": "Page Viewed"})
     first = _status(server, event_id)  # in the log or a landing file: not loaded yet
-    assert first == {"eventId": event_id, "status": "received", "errors": [], "sends": []}
+    assert first == {
+        "eventId": event_id,
+        "status": "received",
+        "reason": None,
+        "errors": [],
+        "sends": [],
+    }
     wait_landed(server.data_dir, [event_id])
     assert _status(server, event_id)["status"] == "received"
     _run_jobs(server, "load")  # lake.raw.messages only, no models
@@ -56,6 +64,7 @@ def test_status_unknown_received_processed(dispatch_server: Server) -> None:  # 
     assert _status(server, event_id) == {
         "eventId": event_id,
         "status": "processed",
+        "reason": None,
         "errors": [],
         "sends": [],
     }
@@ -195,3 +204,28 @@ def test_dispatch_job_from_the_definitions(
     assert [m["To"] for m in new_messages(handler, before)] == ["job@example.com"]
     [send] = _status(server, ids[1])["sends"]
     assert send["status"] == "sent"
+
+
+def _instant(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def test_data_through_is_not_older_than_an_event_the_answer_holds(
+    dispatch_server: Server,  # noqa: F811
+) -> None:
+    server = dispatch_server
+    event_id = _post(server, "track", {"userId": "through-u1", "event": "Through"})
+    wait_landed(server.data_dir, [event_id])
+    out = server.pipeline()
+    assert out.returncode == 0, out.stdout + out.stderr
+    deadline = time.monotonic() + 60
+    while True:
+        r = server.get("profiles/userId:through-u1/events", params={"size": 100})
+        found = [e for e in r.json().get("data", [])] if r.status_code == 200 else []
+        found = [e for e in found if e["eventId"] == event_id]
+        if found:
+            break
+        assert time.monotonic() < deadline, r.text
+        time.sleep(0.2)
+    received = _instant(found[0]["receivedTime"])
+    assert _instant(r.headers["x-mallard-data-through"]) >= received, dict(r.headers)

@@ -1,5 +1,8 @@
 """Suppress and NoTrack at the collector, on real `mallard serve` processes.
 
+A dropped call is answered as any accepted one (200, an eventId, the same headers); only
+`GET events/{eventId}/status` with a token (`Server.dropped`) says it was dropped, and why.
+
 Regulations are filed through the store in this process (`RegulationStore.file`), as the API
 does: their effect holds when `file()` returns. Landing files are read after a fence message
 (the last one sent to a collector) has landed: a collector lands its log in order, so anything
@@ -11,6 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import threading
 import time
 import uuid
@@ -76,12 +80,17 @@ def send(srv: Server, path: str, body: dict[str, Any]) -> httpx.Response:
     )
 
 
-def ids_of(r: httpx.Response) -> list[str | None]:
+UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
+
+
+def ids_of(r: httpx.Response) -> list[str]:
+    """The eventIds of an accepted call's answer, each a UUIDv7 string: kept or dropped alike."""
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["success"] is True
-    ids: list[str | None] = body["eventIds"] if "eventIds" in body else [body["eventId"]]
+    ids: list[str] = body["eventIds"] if "eventIds" in body else [body["eventId"]]
     assert body["eventId"] == ids[0]
+    assert all(isinstance(i, str) and UUID.fullmatch(i) for i in ids), ids
     return ids
 
 
@@ -95,10 +104,10 @@ def landed(data_dir: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def fence(srv: Server, acked: list[str | None]) -> dict[str, dict[str, Any]]:
-    """Land one more message after everything sent, wait for it and for every acked id."""
+def fence(srv: Server, kept: list[str]) -> dict[str, dict[str, Any]]:
+    """Land one more message after everything sent, wait for it and for every kept id."""
     fence_ids = ids_of(srv.post("track", {"userId": unique("fence"), "event": "Fence"}))
-    wait_landed(srv.data_dir, [i for i in [*acked, *fence_ids] if i is not None])
+    wait_landed(srv.data_dir, [*kept, *fence_ids])
     return landed(srv.data_dir)
 
 
@@ -178,24 +187,26 @@ def test_suppress_races_ingestion_from_several_threads(srv: Server) -> None:
         for t in threads:
             t.join()
 
-    after_subject, after_other, acked = set(), set(), []
+    after_subject, after_other, kept = set(), set(), []
     for _, after, sent, r in records:
         ids = ids_of(r)
-        acked += ids
         assert len(ids) == len(sent)
         for (message_id, subject), event_id in zip(sent, ids, strict=True):
+            # A call of the subject sent before file() returned may have been dropped too.
+            reason = srv.dropped(event_id) if subject else None
+            if reason is None:
+                kept.append(event_id)
             if not after:
                 continue
             if subject:
-                assert event_id is None, (message_id, r.request.url)
+                assert reason == "suppress", (message_id, r.request.url)
                 after_subject.add(message_id)
             else:
-                assert event_id is not None
                 after_other.add(message_id)
     before = [s for _, after, sent, _ in records if not after for s in sent]
     assert any(subject for _, subject in before), "no message of the subject before the filing"
 
-    rows = fence(srv, acked)
+    rows = fence(srv, kept)
     assert not after_subject & rows.keys()
     assert after_other <= rows.keys()
     before_ids = {m for m, _ in before}
@@ -208,8 +219,8 @@ def test_suppress_races_ingestion_from_several_threads(srv: Server) -> None:
         *ids_of(send(srv, "track", {"userId": user, "event": "Back"})),
         *ids_of(send(srv, f"{STD}/p", {"anonymousId": anon})),
     ]
-    assert None not in again
-    wait_landed(srv.data_dir, [i for i in again if i is not None])
+    assert [srv.dropped(i) for i in again] == [None, None]
+    wait_landed(srv.data_dir, again)
 
 
 # --- every ingestion route --------------------------------------------------------------------
@@ -261,12 +272,19 @@ def test_every_ingestion_route_drops_a_suppressed_user(srv: Server, tmp_path: Pa
     file(srv, "SUPPRESS", user, (anon,))
     routes = ingestion_routes(tmp_path)
     assert {"track", "batch", f"{STD}/t", f"{STD}/mobile/batch", "/v1/batch"} <= set(routes)
+    kept: list[str] = []
     for path in routes:
+        # Another user on the same route: stored, and answered as the dropped calls are.
+        other = send(srv, path, route_body(path, {"userId": unique("k")}))
+        kept += ids_of(other)
         for ids in ({"userId": user}, {"anonymousId": anon}):
-            assert ids_of(send(srv, path, route_body(path, ids))) == [None], (path, ids)
-    # Another user on the same routes is stored.
-    kept = [i for p in routes for i in ids_of(send(srv, p, route_body(p, {"userId": unique("k")})))]
-    assert None not in kept
+            r = send(srv, path, route_body(path, ids))
+            [event_id] = ids_of(r)
+            assert r.status_code == other.status_code, path
+            assert r.json().keys() == other.json().keys(), path
+            assert sorted(r.headers.keys()) == sorted(other.headers.keys()), path
+            assert srv.dropped(event_id) == "suppress", (path, ids)
+    assert [srv.dropped(i) for i in kept] == [None] * len(kept)
     rows = fence(srv, kept)
     assert not [r for r in rows.values() if r["user_id"] == user or r["anonymous_id"] == anon]
 
@@ -357,8 +375,14 @@ def no_track_calls(user: str, anon: str) -> list[tuple[str, dict[str, Any], list
 
 def send_all(
     srv: Server, calls: list[tuple[str, dict[str, Any], list[bool]]]
-) -> list[tuple[str, list[str | None], list[bool]]]:
-    return [(path, ids_of(send(srv, path, body)), expected) for path, body, expected in calls]
+) -> list[tuple[str, list[str], list[str | None], list[bool]]]:
+    """(path, eventIds, per call the list that dropped it, per call whether it is expected
+    in) of each call."""
+    out = []
+    for path, body, expected in calls:
+        ids = ids_of(send(srv, path, body))
+        out.append((path, ids, [srv.dropped(i) for i in ids], expected))
+    return out
 
 
 def test_no_track_then_track_on_every_channel(srv: Server) -> None:
@@ -367,22 +391,24 @@ def test_no_track_then_track_on_every_channel(srv: Server) -> None:
     file(srv, "NO_TRACK", user, (anon,))
 
     answers = send_all(srv, no_track_calls(user, anon))
-    for path, ids, expected in answers:
-        assert [i is not None for i in ids] == expected, path
+    for path, _, drops, expected in answers:
+        assert drops == [None if e else "no_track" for e in expected], path
     others = send_all(srv, no_track_calls(other, other_anon))
-    assert all(None not in ids for _, ids, _ in others)
+    assert all(drops == [None] * len(drops) for _, _, drops, _ in others)
 
-    kept = [i for _, ids, _ in answers + others for i in ids]
-    rows = fence(srv, kept)
+    def kept_of(sent: list[tuple[str, list[str], list[str | None], list[bool]]]) -> list[str]:
+        return [i for _, ids, drops, _ in sent for i, d in zip(ids, drops, strict=True) if not d]
+
+    rows = fence(srv, kept_of(answers + others))
     subject_rows = {
         r["event_id"] for r in rows.values() if r["user_id"] == user or r["anonymous_id"] == anon
     }
-    assert subject_rows == {i for _, ids, _ in answers for i in ids if i is not None}
+    assert subject_rows == set(kept_of(answers))
 
     file(srv, "TRACK", user)
     again = send_all(srv, no_track_calls(user, anon))
-    assert all(None not in ids for _, ids, _ in again)
-    wait_landed(srv.data_dir, [i for _, ids, _ in again for i in ids if i is not None])
+    assert all(drops == [None] * len(drops) for _, _, drops, _ in again)
+    wait_landed(srv.data_dir, [i for _, ids, _, _ in again for i in ids])
 
 
 # --- another collector on the same data dir ---------------------------------------------------
@@ -396,22 +422,37 @@ def test_a_second_collector_drops_from_the_moment_file_returns(srv: Server) -> N
     try:
         user, anon, other = unique("c2-user"), unique("c2-anon"), unique("c2-other")
         warm = ids_of(send(second, "track", {"userId": user, "event": "Before"}))
-        assert None not in warm
+        assert second.dropped(warm[0]) is None
         file(srv, "SUPPRESS", user, (anon,))
+        dropped = []
         for server in (srv, second):
-            assert ids_of(send(server, "track", {"userId": user, "event": "After"})) == [None]
-            assert ids_of(send(server, f"{STD}/p", {"anonymousId": anon})) == [None]
+            dropped += ids_of(send(server, "track", {"userId": user, "event": "After"}))
+            dropped += ids_of(send(server, f"{STD}/p", {"anonymousId": anon}))
+        # Either server answers for the other's dropped calls: the status reads every log.
+        assert [srv.dropped(i) for i in dropped] == ["suppress"] * 4
+        assert [second.dropped(i) for i in dropped] == ["suppress"] * 4
         kept = ids_of(send(second, "track", {"userId": other, "event": "After"}))
-        assert None not in kept
+        assert second.dropped(kept[0]) is None
         fence(srv, [])
         rows = fence(second, [*warm, *kept])
         subject = {r["event_id"] for r in rows.values() if user == r["user_id"]}
         assert subject == set(warm)
         assert not [r for r in rows.values() if r["anonymous_id"] == anon]
 
+        # Killed right after its answer, the second collector's dropped call is still known:
+        # its record was durable in the log, and the restart moves it to the store.
+        [last] = ids_of(send(second, "track", {"userId": user, "event": "Killed"}))
+        second.kill()
+        assert srv.dropped(last) == "suppress"
+        second.start()
+        wal = srv.data_dir / "wal" / "adm-c2"
+        assert not [p for p in wal.iterdir() if last.encode() in p.read_bytes()]
+        assert RegulationStore(DataPaths(srv.data_dir)).dropped(srv.creds["accountId"], last)
+        assert [second.dropped(i) for i in [*dropped, last]] == ["suppress"] * 5
+
         file(srv, "UNSUPPRESS", user)
         back = ids_of(send(second, "track", {"userId": user, "event": "Back"}))
-        assert None not in back
+        assert second.dropped(back[0]) is None
         fence(second, back)
     finally:
         second.stop()
@@ -468,7 +509,7 @@ def test_ingestion_fails_closed_while_the_lists_cannot_be_read(srv: Server) -> N
         Generation(paths.regulations_generation).bump()
 
     back = ids_of(send(srv, "track", {"userId": user, "event": "Up"}))
-    assert None not in back
+    assert srv.dropped(back[0]) is None
     rows = fence(srv, back)
     assert not {body.get("messageId") for _, body in sent} & rows.keys()
     assert not [m for _, b in sent for m in b.get("batch", []) if m["messageId"] in rows]

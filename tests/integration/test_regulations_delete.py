@@ -303,6 +303,21 @@ def test_evidence_counts_what_was_deleted_and_finds_nothing_left(
     assert before["access"]["evidence"]["rowsExported"] == evidence["rowsDeleted"]
 
 
+def test_the_access_download_answers_410_once_the_delete_removed_its_zip(
+    env: PrefsEnv, deleted: dict[str, Any], before: dict[str, Any]
+) -> None:
+    access_id = before["access"]["regulationId"]
+    assert before["access"]["download"]["url"].endswith(f"/{access_id}/download")
+    r = env.server.get(f"regulations/{access_id}/download")
+    assert r.status_code == 410, r.text
+    assert r.json()["error"]["code"] == "not_found"
+    message = r.json()["error"]["message"]
+    assert "was removed at 20" in message and deleted["regulationId"] in message, message
+    assert "Delete of its subject" in message
+    evidence = env.server.get(f"regulations/{access_id}").json()["evidence"]
+    assert evidence["downloadRemoved"]["by"] == deleted["regulationId"]
+
+
 def test_no_byte_of_the_subject_is_left_in_the_data_dir(
     env: PrefsEnv, deleted: dict[str, Any], before: dict[str, Any]
 ) -> None:

@@ -159,6 +159,18 @@ class Mail:
     to: str
 
 
+def read_dropped(paths: DataPaths) -> set[str]:
+    """The eventIds the collectors dropped for a regulation (the regulations store's
+    dropped_events; the sender's answer does not tell them apart)."""
+    if not paths.regulations_db.exists():
+        return set()
+    conn = sqlite3.connect(f"file:{paths.regulations_db}?mode=ro", uri=True)
+    try:
+        return {r[0] for r in conn.execute("select event_id from dropped_events")}
+    finally:
+        conn.close()
+
+
 def read_mailbox(paths: DataPaths) -> list[Mail]:
     """The messages `mallard mailbox serve` kept (data/mailbox/, a file each, named by the
     nanosecond it was stored), oldest first."""

@@ -5,7 +5,8 @@ pipeline is idle.
 1. events_exactly_once: every acknowledged message of a persona not deleted is in marts.events
    exactly once (by messageId, under one of its acknowledged eventIds, attributed to its
    persona), and so is every row of an import; a message every try of which a regulation
-   dropped (eventId null) is not; no eventId and no (account, messageId) twice.
+   dropped (its eventIds in the product's dropped_events) is not; no eventId and no
+   (account, messageId) twice.
 2. marts_equal_rebuild: the marts equal those of a pass over a copy of the landing files in a
    fresh data dir (order-insensitive; pass-stamped columns and audience stays ended left out).
 3. regulations_finished: every regulation of the account finished.
@@ -81,8 +82,12 @@ def _at(oracle: Oracle, t: float) -> str:
 # --- 1 -----------------------------------------------------------------------------------------
 
 
-def events_exactly_once(oracle: Oracle, rows: list[dict[str, Any]]) -> Failures:
-    """`rows`: marts.events (read_events)."""
+def events_exactly_once(
+    oracle: Oracle, rows: list[dict[str, Any]], dropped: set[str] | None = None
+) -> Failures:
+    """`rows`: marts.events (read_events); `dropped`: the eventIds a regulation dropped
+    (read_dropped)."""
+    dropped = dropped or set()
     f = Failures()
     for event_id, n in Counter(r["event_id"] for r in rows).items():
         if n > 1:
@@ -95,25 +100,26 @@ def events_exactly_once(oracle: Oracle, rows: list[dict[str, Any]]) -> Failures:
             ids = sorted(r["event_id"] for r in found)
             f.add("a messageId more than once in marts.events", f"{account}/{message_id}: {ids}")
     deleted = oracle.deleted_users()
-    acked = dropped = retried = 0
+    acked = dropped_n = retried = 0
     for s in oracle.sent.values():
         if s.user_id in deleted:
             continue
         found = by_message.get(("demo", s.message_id), [])
         what = f"{s.message_id} ({s.kind} via {s.route}, {s.user_id}, eventIds {s.event_ids})"
-        if s.event_ids:
+        kept = s.kept_ids(dropped)
+        if kept:
             acked += 1
-            retried += len(s.event_ids) > 1
+            retried += len(kept) > 1
             if not found:
                 f.add("acknowledged, not in marts.events", what)
-            elif len(found) == 1 and found[0]["event_id"] not in s.event_ids and not s.unanswered:
+            elif len(found) == 1 and found[0]["event_id"] not in kept and not s.unanswered:
                 f.add("in marts.events under an eventId never acknowledged", f"{what}: {found[0]}")
             elif len(found) == 1 and found[0]["user_id"] != s.user_id:
                 f.add("attributed to another customer", f"{what}: user_id {found[0]['user_id']}")
-        elif s.dropped and not s.unanswered:
-            dropped += 1
+        elif s.event_ids and not s.unanswered:
+            dropped_n += 1
             if found:
-                f.add("dropped by a regulation (eventId null), yet in marts.events", what)
+                f.add("dropped by a regulation (in dropped_events), yet in marts.events", what)
     imported = _imported_marks(rows)
     rows_checked = 0
     for run in oracle.runs:
@@ -127,7 +133,7 @@ def events_exactly_once(oracle: Oracle, rows: list[dict[str, Any]]) -> Failures:
             if n != 1:
                 f.add("an imported row not once in marts.events", f"{mark} ({user}): {n} rows")
     f.info.append(
-        f"{acked} acknowledged messages ({retried} acked more than once), {dropped} dropped by"
+        f"{acked} acknowledged messages ({retried} acked more than once), {dropped_n} dropped by"
         f" regulations, {rows_checked} imported rows; {len(rows)} rows in marts.events"
     )
     if not acked:

@@ -3,8 +3,9 @@ checked against (tests/system/invariants.py). Every role records here, from its 
 
 A message is keyed by its messageId, unique in the run: each try of it (a client retry sends the
 same messageId again) is an Attempt with the answer it got. Acknowledged means an answer of 200
-with an eventId; 200 with a null eventId means a regulation dropped it (collector/admission.py);
-a try with no answer (the server was killed, a transport error) may or may not have been stored.
+with an eventId; a regulation's drop is answered the same way (collector/admission.py), and only
+the product's record of dropped eventIds (facts.read_dropped) tells it apart; a try with no
+answer (the server was killed, a transport error) may or may not have been stored.
 """
 
 from __future__ import annotations
@@ -40,10 +41,9 @@ class Sent:
         """The eventIds of the tries answered 200 with an eventId."""
         return [a.event_id for a in self.attempts if a.status == 200 and a.event_id]
 
-    @property
-    def dropped(self) -> bool:
-        """Answered 200 without an eventId: a regulation dropped this try."""
-        return any(a.status == 200 and not a.event_id for a in self.attempts)
+    def kept_ids(self, dropped: set[str]) -> list[str]:
+        """The eventIds of the tries acknowledged and not dropped by a regulation."""
+        return [e for e in self.event_ids if e not in dropped]
 
     @property
     def unanswered(self) -> bool:

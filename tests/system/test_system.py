@@ -117,7 +117,9 @@ def test_every_role_at_once_then_the_invariants(product: Product) -> None:
     checks: list[tuple[str, Callable[[], inv.Failures]]] = [
         (
             "1. events_exactly_once",
-            lambda: inv.events_exactly_once(oracle, facts.read_events(paths)),
+            lambda: inv.events_exactly_once(
+                oracle, facts.read_events(paths), facts.read_dropped(paths)
+            ),
         ),
         (
             "3. regulations_finished",

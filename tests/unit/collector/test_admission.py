@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from collector.admission import (
@@ -14,11 +16,11 @@ from collector.admission import (
     Regulated,
     Snapshot,
     admit_regulated,
-    admitted,
-    answer_ids,
+    is_dropped_record,
     metrics_admitted,
+    records,
 )
-from collector.messages import Tenant
+from collector.messages import Tenant, stamp
 from mallard.errors import Unavailable
 from mallard.paths import DataPaths
 from mallard.regulations import (
@@ -54,9 +56,9 @@ SNAPSHOT = Snapshot(
 
 
 def _kept(channel: str, *items: tuple[str, dict[str, Any]]) -> list[bool]:
-    keep = admit_regulated(SNAPSHOT, TENANT, channel, list(items))
-    assert keep is not None
-    return keep
+    drops = admit_regulated(SNAPSHOT, TENANT, channel, list(items))
+    assert drops is not None
+    return [reason is None for reason in drops]
 
 
 CALLS: list[tuple[str, dict[str, Any]]] = [
@@ -140,19 +142,35 @@ def test_other_users_and_accounts_pass() -> None:
     assert admit_regulated(SNAPSHOT, other_account, "server", track) is None
 
 
-def test_a_batch_answers_null_for_the_dropped_items_in_order() -> None:
+def test_a_batch_logs_a_record_of_each_dropped_item_in_order() -> None:
     items: list[tuple[str, dict[str, Any]]] = [
         ("track", {"userId": OTHER_USER, "event": "A"}),
         ("track", {"userId": SUPPRESSED_USER, "event": "B"}),
         ("track", {"userId": OTHER_USER, "event": "C"}),
         ("page", {"anonymousId": QUIET_ANON}),
     ]
-    keep = _kept("browser", *items)
-    assert keep == [True, False, True, False]
-    assert [m["event"] for _, m in admitted(items, keep)] == ["A", "C"]
-    assert answer_ids(keep, ["id-a", "id-c"]) == ["id-a", None, "id-c", None]
-    assert admitted(items, None) is items
-    assert answer_ids(None, ["x", "y"]) == ["x", "y"]
+    drops = admit_regulated(SNAPSHOT, TENANT, "browser", items)
+    assert drops == [None, "suppress", None, "no_track"]
+    at = datetime(2026, 3, 1, 12, tzinfo=UTC)
+    stamped = [
+        stamp(k, m, TENANT, channel="browser", source="tag", received=at, request_ip=None)
+        for k, m in items
+    ]
+    logged = records(stamped, drops)
+    assert logged[0] is stamped[0] and logged[2] is stamped[2]
+    # A dropped item's record: its eventId and time, the list, nothing of the call itself.
+    assert logged[1] == [
+        "dropped",
+        "suppress",
+        ACCOUNT,
+        stamped[1]["eventId"],
+        stamped[1]["receivedAt"],
+    ]
+    assert logged[3][:2] == ["dropped", "no_track"]
+    encoded = [msgspec.json.encode(r) for r in logged]
+    assert [is_dropped_record(r) for r in encoded] == [False, True, False, True]
+    assert SUPPRESSED_USER.encode() not in encoded[1] and QUIET_ANON.encode() not in encoded[3]
+    assert records(stamped, None) is stamped
 
 
 def test_metrics_with_a_regulated_identifier_are_dropped() -> None:
@@ -198,9 +216,9 @@ def test_admission_follows_the_store_from_the_moment_file_returns(tmp_path: Path
     assert _admit(admission, track) is None
     store.file("client-adm", ACCOUNT, "BRAND-ADM", "SUPPRESS", [SUPPRESSED_USER],
                {SUPPRESSED_USER: [SUPPRESSED_ANON]})  # fmt: skip
-    assert _admit(admission, track) == [False]
-    assert _admit(admission, by_anon) == [False]
-    assert _admit(admission, {"userId": OTHER_USER, "event": "E"}) == [True]
+    assert _admit(admission, track) == ["suppress"]
+    assert _admit(admission, by_anon) == ["suppress"]
+    assert _admit(admission, {"userId": OTHER_USER, "event": "E"}) == [None]
     store.file("client-adm", ACCOUNT, "BRAND-ADM", "UNSUPPRESS", [SUPPRESSED_USER])
     assert _admit(admission, track) is None
 
@@ -211,7 +229,7 @@ def test_admission_fails_closed_while_the_lists_cannot_be_read(tmp_path: Path) -
     store.file("client-adm", ACCOUNT, "BRAND-ADM", "NO_TRACK", [QUIET_USER])
     admission = Admission(AdmissionLists(paths, retry_s=0.2))
     track = {"userId": OTHER_USER, "event": "E"}
-    assert _admit(admission, track) == [True]
+    assert _admit(admission, track) == [None]
     store.compact()  # everything in the main file: a reader must read it
     good = paths.regulations_db.read_bytes()
     with open(paths.regulations_db, "r+b") as f:
@@ -225,8 +243,8 @@ def test_admission_fails_closed_while_the_lists_cannot_be_read(tmp_path: Path) -
     with open(paths.regulations_db, "r+b") as f:
         f.write(good)
     Generation(paths.regulations_generation).bump()
-    assert _admit(admission, track) == [True]
-    assert _admit(admission, {"userId": QUIET_USER, "event": "E"}) == [False]
+    assert _admit(admission, track) == [None]
+    assert _admit(admission, {"userId": QUIET_USER, "event": "E"}) == ["no_track"]
 
 
 def test_one_load_serves_every_call_waiting_for_it(tmp_path: Path) -> None:
@@ -250,7 +268,7 @@ def test_one_load_serves_every_call_waiting_for_it(tmp_path: Path) -> None:
             *(admission.admit(TENANT, "server", [("track", msg)]) for _ in range(20))
         )
 
-    assert asyncio.run(many()) == [[False]] * 20
+    assert asyncio.run(many()) == [["suppress"]] * 20
     assert loads == 1
 
 

@@ -12,11 +12,13 @@ import msgspec
 import pyarrow.parquet as pq
 import pytest
 
+from collector.admission import dropped_record
 from collector.messages import Tenant, stamp
 from collector.roller import recover, roll_segment
 from collector.wal import (
     WalUnavailable,
     WriteAheadLog,
+    encode_frames,
     frame,
     list_segments,
     read_records,
@@ -24,6 +26,7 @@ from collector.wal import (
     write_frames,
 )
 from mallard.paths import DataPaths
+from mallard.regulations import RegulationStore
 
 TENANT = Tenant("c", "a", "A")
 
@@ -336,3 +339,40 @@ def test_recovery_lands_an_unsealed_segment_with_a_torn_tail(tmp_path: Path) -> 
     # A second start finds nothing left to land, and lands nothing twice.
     recover(wal_dir, paths, "c0")
     assert sorted((tmp_path / "landing").rglob("*.parquet")) == landed
+
+
+def test_a_dropped_calls_record_goes_to_the_store_not_to_a_landing_file(tmp_path: Path) -> None:
+    """A segment holding kept messages and a dropped call's record (collector.admission): the
+    messages land, the record reaches the regulations store's dropped_events, and a roll again
+    after a crash keeps it once."""
+    paths = DataPaths(tmp_path)
+    wal_dir = tmp_path / "wal"
+    wal_dir.mkdir()
+    kept = msgspec.json.decode(stored(1))
+    # Dropped now: the store keeps the last DROPPED_KEEP_DAYS days.
+    gone = stamp(
+        "track",
+        {"userId": "u2", "event": "E"},
+        TENANT,
+        channel="server",
+        source="http",
+        received=datetime.now(UTC),
+        request_ip=None,
+    )
+    records = [kept, dropped_record(gone, "suppress"), msgspec.json.decode(stored(3))]
+    seg = wal_dir / "0000000000000009.sealed"
+    seg.write_bytes(encode_frames(records, msgspec.json.Encoder()))
+    copy = seg.read_bytes()
+    (landed,) = roll_segment(seg, paths, "c0")
+    table = pq.read_table(landed)
+    assert table.column("user_id").to_pylist() == ["u1", "u3"]
+    assert gone["eventId"] not in table.column("event_id").to_pylist()
+    store = RegulationStore(paths)
+    assert store.dropped("a", gone["eventId"]) == "suppress"
+    assert store.dropped("other-account", gone["eventId"]) is None
+    assert store.dropped("a", kept["eventId"]) is None
+    seg.write_bytes(copy)
+    recover(wal_dir, paths, "c0")
+    count = store._conn().execute("select count(*) from dropped_events").fetchone()[0]
+    assert count == 1
+    store.close()

@@ -3,11 +3,13 @@ keyed hash the loader computes in SQL."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import duckdb
 import pytest
 
+from mallard import regulations
 from mallard.audiences import regulated_users
 from mallard.paths import DataPaths
 from mallard.regulations import (
@@ -119,3 +121,22 @@ def test_the_sql_hash_is_the_python_hash() -> None:
         f"select {sql}", params={"key": key, "account": "acct", "identifier": "user-1"}
     )
     assert row.fetchone() == (identifier_hash(key, "acct", "user-1"),)
+
+
+def test_dropped_events_are_kept_per_account_and_bounded(
+    paths: DataPaths, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = RegulationStore(paths)
+    now = time.time()
+    old = now - (regulations.DROPPED_KEEP_DAYS * 86400 + 60)
+    # A row kept twice (a segment rolled again) is one; rows past the days are forgotten.
+    rows = [("acct", "e-old", "suppress", old), *[("acct", "e-1", "no_track", now)] * 2]
+    assert store.record_dropped(rows) == 2
+    assert store.dropped("acct", "e-old") is None
+    assert store.dropped("acct", "e-1") == "no_track"
+    assert store.dropped("other", "e-1") is None
+    # At most DROPPED_MAX_ROWS: the oldest go first.
+    monkeypatch.setattr(regulations, "DROPPED_MAX_ROWS", 2)
+    store.record_dropped([("acct", f"e-{i}", "suppress", now) for i in (2, 3)])
+    assert [store.dropped("acct", f"e-{i}") for i in (1, 2, 3)] == [None, "suppress", "suppress"]
+    store.close()
