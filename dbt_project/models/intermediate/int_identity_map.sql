@@ -60,20 +60,38 @@ with window_pairs as (
     where {{ in_window('loaded_at') }}
 ),
 
+window_users as (
+    select
+        account_id,
+        user_id
+    from {{ ref('int_messages_deduped') }}
+    where {{ in_window('loaded_at') }} and user_id is not null
+),
+
 -- Stored anonymousIds the window shows as userIds: an alias that won one no longer counts.
 shown_as_users as (
     select
         stored.account_id,
         stored.anonymous_id
     from {{ this }} as stored
-    semi join (
-        select
-            account_id,
-            user_id
-        from {{ ref('int_messages_deduped') }}
-        where {{ in_window('loaded_at') }} and user_id is not null
-    ) as users
-        on stored.account_id = users.account_id and stored.anonymous_id = users.user_id
+    semi join window_users
+        on
+            stored.account_id = window_users.account_id
+            and stored.anonymous_id = window_users.user_id
+),
+
+touched_keys as (
+    select
+        account_id,
+        anonymous_id,
+        replaces_stored as redo
+    from window_pairs
+    union all
+    select
+        account_id,
+        anonymous_id,
+        true as redo
+    from shown_as_users
 ),
 
 touched as (
@@ -81,19 +99,7 @@ touched as (
         account_id,
         anonymous_id,
         bool_or(redo) as redo
-    from (
-        select
-            account_id,
-            anonymous_id,
-            replaces_stored as redo
-        from window_pairs
-        union all
-        select
-            account_id,
-            anonymous_id,
-            true as redo
-        from shown_as_users
-    ) as keys
+    from touched_keys
     group by account_id, anonymous_id
 ),
 
@@ -161,27 +167,30 @@ with candidates as (
 ),
 {% endif %}
 
--- The previousIds of the aliases among the candidates that are some message's userId, over all
--- history (none on almost every pass: DuckDB then does not scan the messages' userIds).
+-- The previousIds of the aliases among the candidates, and those of them that are some message's
+-- userId over all history (no alias on almost every pass: DuckDB then does not scan the
+-- messages' userIds).
+aliased as (
+    select distinct
+        account_id,
+        anonymous_id
+    from candidates
+    where by_alias
+),
+
 identified as (
     select distinct
         users.account_id,
         users.user_id
     from {{ ref('int_messages_deduped') }} as users
-    semi join (
-        select distinct
-            account_id,
-            anonymous_id
-        from candidates
-        where by_alias
-    ) as aliased
+    semi join aliased
         on users.account_id = aliased.account_id and users.user_id = aliased.anonymous_id
 ),
 
 counted as (
     select
         candidates.*,
-        not (candidates.by_alias and identified.user_id is not null) as counts
+        (not candidates.by_alias or identified.user_id is null) as counts
     from candidates
     left join identified
         on

@@ -134,7 +134,7 @@ base as (
         max(last_activity_time) as last_activity_time,
         arg_max(
             group_call,
-            (group_call.event_time, group_call.received_at, group_call.message_id)
+            (group_call['event_time'], group_call['received_at'], group_call['message_id'])
         ) filter (where group_call is not null) as group_call
     from partial_base
     group by customer_id, account_id
@@ -250,7 +250,7 @@ final as (
         created_time,
         created_event_id,
         last_activity_time,
-        group_call.group_id as group_id,
+        group_call['group_id'] as group_id,
         group_call
     from traits_objects
     -- Sorted, on passes too: unsorted, a pass's new customers (often anonymous visitors) came
