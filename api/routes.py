@@ -96,8 +96,8 @@ _BY = (
 
 
 _META = (
-    "The traits plus _subscriptionId, createdBy, firstEvent, lastEvent, audiencesStatic and"
-    " lastActivityTime. " + _BY
+    "The traits plus _subscriptionId, createdBy, firstEvent, lastEvent, audiencesStatic,"
+    " lastActivityTime and, once the customer has made a group call, groupId. " + _BY
 )
 
 

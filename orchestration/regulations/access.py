@@ -66,6 +66,10 @@ DERIVED = {
         "candidates for your first and last event of each kind (firstEvent and lastEvent of the"
         " metadata in profile.json)"
     ),
+    "intermediate.int_group_calls": (
+        "each group (company, team or account) your messages put you in, with the traits they"
+        " gave it (as in messages.jsonl)"
+    ),
     "marts.duplicates": "messageIds received more than once, with counts and times",
     "marts.journey_steps": (
         "each step of an automated message sequence (journey) you entered, from the"

@@ -83,6 +83,8 @@ MODEL_EVENTS = (
     "preferences_updated",
 )
 TRACK_ACTIONS = ACTIONS | {name: name for name in MODEL_EVENTS}
+# The groups of each account; every stream's group calls name some of them.
+GROUPS: tuple[str | int, ...] = ("g-acme", "g-initech", 42)  # a groupId may be a number
 # Added by the mart, not 2.5; an identify's marketingPreferences is replaced by the preferences.
 SERVED_EXTRA_TRAITS = ("id", "externalId", "marketingPreferences")
 
@@ -192,33 +194,77 @@ def generate_stream(index: int) -> list[Arrival]:
         msg["context"] = _campaign(rng, campaign_p)
         planned.append((kind, msg, t0 + _ms(rng, 0, window_s)))
 
-    def identify(who: dict[str, str], n: int) -> None:
+    def identify(who: dict[str, Any], n: int) -> None:
         t = at()
         identify_times.append(t)
         msg = {**who, "event": "identify", "traits": _traits(rng, n), "context": {}}
         msg["context"] = _campaign(rng, 0.2)
         planned.append(("identify", msg, t))
 
+    def alias(user: str, previous: str) -> None:
+        msg: dict[str, Any] = {"userId": user, "previousId": previous}
+        if rng.random() < 0.3:  # the tag sends the visitor's anonymousId along
+            msg["anonymousId"] = previous
+        planned.append(("alias", msg, at()))
+
+    def group(who: dict[str, str]) -> None:
+        traits: dict[str, Any] = {}
+        if rng.random() < 0.7:
+            traits["plan"] = rng.choice(["basic", "pro", "enterprise"])
+        if rng.random() < 0.5:
+            traits["seats"] = rng.randint(1, 50)
+        if rng.random() < 0.3:
+            keys = rng.sample(["city", "country"], rng.randint(1, 2))
+            traits["address"] = {k: f"{k}-{rng.randint(1, 3)}" for k in keys}
+        msg: dict[str, Any] = {**who, "groupId": rng.choice(GROUPS), "context": {}}
+        if traits or rng.random() < 0.5:  # a group call may carry no traits at all
+            msg["traits"] = traits
+        planned.append(("group", msg, at()))
+
+    forced_late: dict[int, timedelta] = {}
     users = [f"u{k}" for k in range(rng.randint(2, 4))]
     for n, user in enumerate(users):
         for _ in range(rng.randint(2, 5)):
             identify({"userId": user}, n)
         for _ in range(rng.randint(2, 6)):
             event({"userId": user}, 0.3)
+        for _ in range(rng.randint(0, 3)):
+            group({"userId": user})
     for k in range(rng.randint(3, 6)):
         anon = f"anon-{k}"
         for _ in range(rng.randint(1, 4)):
             event({"anonymousId": anon}, 0.4)
         if rng.random() < 0.2:
             identify({"anonymousId": anon}, 100 + k)  # an anonymous identify carries traits too
+        if rng.random() < 0.3:
+            group({"anonymousId": anon})  # a visitor's group call: the customer's once identified
         if rng.random() < 0.65:
             owner = rng.randrange(len(users))
             identify({"userId": users[owner], "anonymousId": anon}, owner)
             if rng.random() < 0.3:  # identified again by someone else: must not merge
                 other = (owner + 1) % len(users)
                 identify({"userId": users[other], "anonymousId": anon}, other)
+            if rng.random() < 0.25:  # aliased too: the earlier by event time wins the visitor
+                alias(users[(owner + 1) % len(users)], anon)
             if rng.random() < 0.5:
                 event({"userId": users[owner], "anonymousId": anon}, 0.2)
+        elif rng.random() < 0.6:  # an alias alone links the visitor, as an identify would
+            alias(rng.choice(users), anon)
+    # An alias whose previousId is a userId already: two users, which stay apart.
+    if rng.random() < 0.6:
+        alias(users[0], users[1])
+    # An alias whose previousId never sent a message of its own.
+    if rng.random() < 0.5:
+        alias(users[-1], f"pre-{index}")
+    # A visitor linked by alias whose id later turns up as a userId (received days later, so in
+    # a later slice): the link is undone, and its events are a visitor's again.
+    if rng.random() < 0.6:
+        turned = f"turned-{index}"
+        for _ in range(rng.randint(1, 3)):
+            event({"anonymousId": turned}, 0.3)
+        alias(users[0], turned)
+        forced_late[len(planned)] = timedelta(days=4)
+        event({"userId": turned}, 0.0)
 
     # The events of the other marts: send outcomes, a journey instance entering steps (and
     # sometimes exiting), and updates by the preferences endpoint (source `preferences`).
@@ -259,6 +305,8 @@ def generate_stream(index: int) -> list[Arrival]:
         msg = {**msg, "messageId": f"m{seq:04d}"}
         late = rng.random() < 0.12
         received = t + (_ms(rng, 86400, 3 * 86400) if late else _ms(rng, 0.05, 5))
+        if seq in forced_late:
+            received = max(received, t0 + timedelta(seconds=window_s) + forced_late[seq])
         mode = rng.random()
         if mode < 0.1:
             pass  # no timestamp: the event time is the receipt time
@@ -333,6 +381,10 @@ class Expected:
     duplicates: dict[tuple[str, str], int]  # (account, messageId) -> extra copies
     # (customer id, id type, id value) -> event times of the messages that show it
     identifiers: dict[tuple[str, str, str], list[datetime]]
+    # (account, groupId) -> (traits, first seen, last seen, member customer ids)
+    groups: dict[tuple[str, str], tuple[dict[str, Any], datetime, datetime, set[str]]]
+    # customer id -> the groupId of its latest group call
+    current_group: dict[str, str]
 
 
 def oracle(arrivals: list[Arrival]) -> Expected:
@@ -345,10 +397,18 @@ def oracle(arrivals: list[Arrival]) -> Expected:
     kept = [min(c, key=lambda a: (a.received, a.stored["eventId"])) for c in copies.values()]
     duplicates = {k: len(c) - 1 for k, c in copies.items() if len(c) > 1}
 
+    # An anonymousId belongs to the first userId it is seen with; an alias's previousId too, as
+    # if identified, unless some message has it as its userId (two userIds never merge).
+    users = {(a.account, a.msg["userId"]) for a in kept if "userId" in a.msg}
     owner: dict[tuple[str, str], tuple[tuple[datetime, datetime, str], str]] = {}
     for a in kept:
-        if "userId" in a.msg and "anonymousId" in a.msg:
-            k = (a.account, a.msg["anonymousId"])
+        linked = [a.msg.get("anonymousId")]
+        if a.kind == "alias" and (a.account, a.msg["previousId"]) not in users:
+            linked.append(a.msg["previousId"])
+        for anon in linked:
+            if "userId" not in a.msg or anon is None:
+                continue
+            k = (a.account, anon)
             if k not in owner or order(a) < owner[k][0]:
                 owner[k] = (order(a), a.msg["userId"])
 
@@ -393,7 +453,19 @@ def oracle(arrivals: list[Arrival]) -> Expected:
             first.setdefault(action, a.stored["eventId"])
             last[action] = a.stored["eventId"]
         first_last[cid] = (first, last)
-    return Expected(events, traits, first_last, duplicates, identifiers)
+
+    # Groups: per top-level trait key the latest group call by event time wins (2.5's rule).
+    groups: dict[tuple[str, str], tuple[dict[str, Any], datetime, datetime, set[str]]] = {}
+    current: dict[str, tuple[tuple[datetime, datetime, str], str]] = {}
+    for a in sorted((a for a in kept if a.kind == "group"), key=order):
+        key = (a.account, str(a.msg["groupId"]))
+        cid = events[a.stored["eventId"]][0]
+        g_traits, first_seen, _, members = groups.get(key, ({}, event_time(a), None, set()))
+        g_traits.update(a.msg.get("traits") or {})
+        groups[key] = (g_traits, first_seen, event_time(a), members | {cid})
+        current[cid] = (order(a), key[1])
+    current_group = {cid: group for cid, (_, group) in current.items()}
+    return Expected(events, traits, first_last, duplicates, identifiers, groups, current_group)
 
 
 # ---------------------------------------------------------------- the marts
@@ -414,6 +486,8 @@ MARTS = {
     # Empty here: a command makes the dispatcher land outcome events after the pass, which the
     # full build would load and the incremental lake not. The same strategy as deliveries.
     "commands": ("merge_data",),
+    "groups": ("traits",),
+    "group_members": (),
 }
 # The tables above that are no marts: schema `state` (what passes keep for themselves), and the
 # models of docs/incremental-models.md (schema `examples`, built with MALLARD_DBT_EXAMPLES).
@@ -657,6 +731,47 @@ def test_the_streams_exercise_every_rule(built: Built) -> None:
         if cid in before.first_last and late_ids & set(first.values())
     ]
     assert len(moved) >= 5
+    # Aliases: visitors linked by an alias alone, aliases naming a userId (which link nothing),
+    # and links a later slice undoes (the previousId turns up as a userId).
+    aliases = [a for a in built.arrivals if a.kind == "alias"]
+    users = {(a.account, a.msg["userId"]) for a in built.arrivals if "userId" in a.msg}
+    assert sum((a.account, a.msg["previousId"]) in users for a in aliases) >= 5
+    assert sum(a.msg["previousId"].startswith("anon-") for a in aliases) >= 10
+    turned = {
+        (a.account, a.msg["userId"]) for a in last if a.msg.get("userId", "").startswith("turned")
+    }
+    linked_before = {
+        (acc, anon) for (acc, anon) in before_owner(built) if anon.startswith("turned")
+    }
+    assert len(turned & linked_before) >= 3, "links undone by a later slice"
+    # Group calls: several per group, some from visitors, some arriving after a later call.
+    calls = [a for a in built.arrivals if a.kind == "group"]
+    assert len(expected.groups) >= 2 * N_STREAMS
+    assert sum("userId" not in a.msg for a in calls) >= 5
+    assert sum(isinstance(a.msg["groupId"], int) for a in calls) >= 5
+    by_group: dict[tuple[str, str], list[Arrival]] = defaultdict(list)
+    for a in calls:
+        by_group[(a.account, str(a.msg["groupId"]))].append(a)
+    out_of_order = sum(
+        any(
+            event_time(x) < event_time(y) and x.received > y.received
+            for x in group_calls
+            for y in group_calls
+        )
+        for group_calls in by_group.values()
+    )
+    assert out_of_order >= 5
+
+
+def before_owner(built: Built) -> set[tuple[str, str]]:
+    """The (account, anonymousId) pairs an alias linked before the last slice."""
+    seen = [a for part in built.slices[:-1] for a in part]
+    users = {(a.account, a.msg["userId"]) for a in seen if "userId" in a.msg}
+    return {
+        (a.account, a.msg["previousId"])
+        for a in seen
+        if a.kind == "alias" and (a.account, a.msg["previousId"]) not in users
+    }
 
 
 def test_passes_compacted_the_tables_they_fragmented(built: Built) -> None:
@@ -804,6 +919,25 @@ def test_every_pass_matches_the_oracle(built: Built, pass_index: int) -> None:
         per_customer[customer_id].append(action)
     activity = {r["customer_id"]: (r["events"], r["actions"]) for r in marts["customer_activity"]}
     assert activity == {c: (len(a), len(set(a))) for c, a in per_customer.items()}
+
+    # Groups: traits by the latest call per key, first and last seen, members; each customer's
+    # groupId in its metadata is its latest call's.
+    groups = {(r["account_id"], r["group_id"]): r for r in marts["groups"]}
+    assert set(groups) == set(expected.groups)
+    for key, (traits, first_seen, last_seen, members) in expected.groups.items():
+        got = groups[key]
+        assert got["traits"] == traits, (key, got["traits"], traits)
+        assert abs(got["first_seen"] - first_seen) <= timedelta(milliseconds=1), key
+        assert abs(got["last_seen"] - last_seen) <= timedelta(milliseconds=1), key
+        assert got["member_count"] == len(members), key
+    member_rows = {
+        (r["account_id"], r["group_id"], r["customer_id"]) for r in marts["group_members"]
+    }
+    assert member_rows == {(acc, g, cid) for (acc, g), v in expected.groups.items() for cid in v[3]}
+    current = {r["customer_id"]: r["group_id"] for r in marts["group_members"] if r["is_current"]}
+    assert current == expected.current_group
+    for cid, customer in customers.items():
+        assert customer["metadata"].get("groupId") == expected.current_group.get(cid), cid
 
 
 def test_the_guide_shows_the_example_models_as_they_are() -> None:

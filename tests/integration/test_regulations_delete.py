@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import email
+import json
 import os
 import secrets
 import shutil
@@ -39,6 +40,10 @@ EMAIL = f"subj-{U}@example.test"
 OTHER_EMAIL = f"other-{U}@example.test"
 ANON = f"anon-subj-{U}"
 SHARED = f"anon-shared-{U}"
+# A visitor the subject's alias links to them, and a group both the subject and the neighbour
+# named (the subject's call set a trait holding their email).
+ALIASED = f"anon-aliased-{U}"
+GROUP = f"g-{U}"
 USERS: dict[str, dict[str, Any]] = {
     SUBJECT: {"email": EMAIL, "firstName": "Sub", "lastName": f"Ject{U}"},
     NEIGHBOUR: {"email": f"nb-{U}@example.test"},
@@ -199,6 +204,43 @@ def before(env: PrefsEnv, mailbox: int) -> dict[str, Any]:
             },
         ),
         _send(env, "track", {"userId": OTHER, "event": "Clicked", "timestamp": t0.format(8)}),
+        _send(
+            env,
+            "page",
+            {"anonymousId": ALIASED, "event": "page", "timestamp": "2026-01-01T00:00:10Z"},
+        ),
+    ]
+    # An alias of the subject linking ALIASED, and the group calls: by batch, which takes them.
+    r = env.server.post(
+        "batch",
+        {
+            "batch": [
+                {
+                    "type": "alias",
+                    "userId": SUBJECT,
+                    "previousId": ALIASED,
+                    "timestamp": "2026-01-01T00:00:11Z",
+                },
+                {
+                    "type": "group",
+                    "userId": NEIGHBOUR,
+                    "groupId": GROUP,
+                    "traits": {"plan": "free", "seats": 3},
+                    "timestamp": "2026-01-01T00:00:12Z",
+                },
+                {
+                    "type": "group",
+                    "userId": SUBJECT,
+                    "groupId": GROUP,
+                    "traits": {"plan": "pro", "billingEmail": EMAIL},
+                    "timestamp": "2026-01-01T00:00:13Z",
+                },
+            ]
+        },
+    )
+    assert r.status_code == 200, r.text
+    ids += [
+        *r.json()["eventIds"],
         # A send to the subject: the dispatcher renders it with their traits and keeps it in
         # the outbox (no mail server answers, so it waits to be retried).
         _send(
@@ -247,12 +289,24 @@ def before(env: PrefsEnv, mailbox: int) -> dict[str, Any]:
         } | {
             r[0]
             for r in conn.execute(
-                "select event_id from lake.raw.messages where anonymous_id = ? and user_id is null",
-                [SHARED],
+                "select event_id from lake.raw.messages where anonymous_id in (?, ?)"
+                " and user_id is null",
+                [SHARED, ALIASED],
             ).fetchall()
         }
         events_before = conn.execute(
             "select count(*) from lake.marts.events where customer_id = ?", [meta["id"]]
+        ).fetchone()
+        aliased_events = [
+            r[0]
+            for r in conn.execute(
+                "select customer_id from lake.marts.events where event_id in ("
+                " select event_id from lake.raw.messages where anonymous_id = ?)",
+                [ALIASED],
+            ).fetchall()
+        ]
+        group = conn.execute(
+            "select traits, member_count from lake.marts.groups where group_id = ?", [GROUP]
         ).fetchone()
     finally:
         conn.close()
@@ -266,6 +320,8 @@ def before(env: PrefsEnv, mailbox: int) -> dict[str, Any]:
         "access": access,
         "scroll": first["scrollId"],
         "other_mail": (other_mail, mail[other_mail]),
+        "aliased_events": aliased_events,
+        "group": (json.loads(group[0]), group[1]) if group else None,
     }
 
 
@@ -283,7 +339,8 @@ def deleted(env: PrefsEnv, before: dict[str, Any]) -> dict[str, Any]:
 
 def _strings(before: dict[str, Any]) -> list[bytes]:
     return [
-        s.encode() for s in (SUBJECT, ANON, EMAIL, before["subscription_id"], before["customer_id"])
+        s.encode()
+        for s in (SUBJECT, ANON, ALIASED, EMAIL, before["subscription_id"], before["customer_id"])
     ]
 
 
@@ -389,6 +446,22 @@ def test_the_neighbour_now_owns_the_shared_anonymous_id(
     assert SHARED in r.text
 
 
+def test_the_alias_linked_visitor_was_the_subjects_and_the_group_keeps_the_neighbours_traits(
+    env: PrefsEnv, deleted: dict[str, Any], before: dict[str, Any]
+) -> None:
+    """Before the Delete, ALIASED's page was the subject's event and the group had the traits
+    of the subject's later call and two members; after it, the neighbour's call alone."""
+    assert before["aliased_events"] == [before["customer_id"]]
+    assert before["group"] == ({"billingEmail": EMAIL, "plan": "pro", "seats": 3}, 2)
+    [(traits, members)] = _rows(
+        DataPaths(env.server.data_dir),
+        f"select traits, member_count from lake.marts.groups where group_id = '{GROUP}'",
+    )
+    assert (json.loads(traits), members) == ({"plan": "free", "seats": 3}, 1)
+    nb = env.server.get(f"profiles/userId:{NEIGHBOUR}/meta").json()
+    assert nb["groupId"] == GROUP
+
+
 def test_time_travel_cannot_read_the_subject(
     env: PrefsEnv, deleted: dict[str, Any], before: dict[str, Any]
 ) -> None:
@@ -429,6 +502,8 @@ def test_a_rebuild_from_landing_equals_the_incremental_state(
         " from lake.marts.customer_identifiers",
         "identity": "select account_id, anonymous_id, user_id"
         " from lake.intermediate.int_identity_map",
+        "groups": "select account_id, group_id, traits, member_count from lake.marts.groups",
+        "group_members": "select group_id, customer_id from lake.marts.group_members",
         "preferences": "select customer_id, marketing_preferences"
         " from lake.marts.customer_preferences",
     }

@@ -25,6 +25,10 @@
 -- against the brand's configured choices where those are known (the API). The winners live in
 -- this row, not a model of their own that each pass would write again for every changed customer.
 
+-- The customer's group (`group_id`, metadata `groupId`) is the groupId of its latest group call
+-- by event time (ties: later receipt, then messageId); `group_call` keeps that call's keys, which
+-- a pass's messages are folded against.
+
 -- createdBy's filename (created_file) is the landing file, or for a row of `mallard import`
 -- (channel import) the imported file's name, which its context carries.
 with messages as (
@@ -41,6 +45,9 @@ with messages as (
         "event_id",
         "event_time",
         "received_at",
+        "message_id",
+        "type",
+        "group_id",
     ]) }}
 ),
 
@@ -72,7 +79,16 @@ partial_base as (
         arg_min(event_id, (received_at, event_id)) filter (
             where anonymous_id is not null
         ) as anonymous_event_id,
-        max(event_time) as last_activity_time
+        max(event_time) as last_activity_time,
+        arg_max(
+            {
+                'group_id': group_id,
+                'event_time': event_time,
+                'received_at': received_at,
+                'message_id': message_id
+            },
+            {{ event_order() }}
+        ) filter (where type = 'group' and group_id is not null) as group_call
     from messages
     group by customer_id, account_id
     {% if merging() -%}
@@ -90,7 +106,8 @@ partial_base as (
         anonymous_id,
         anonymous_received_at,
         anonymous_event_id,
-        last_activity_time
+        last_activity_time,
+        group_call
     from {{ this }}
     {{ where_stored_merged() }}
     {%- endif %}
@@ -114,7 +131,11 @@ base as (
         arg_min(anonymous_event_id, (anonymous_received_at, anonymous_event_id)) filter (
             where anonymous_id is not null
         ) as anonymous_event_id,
-        max(last_activity_time) as last_activity_time
+        max(last_activity_time) as last_activity_time,
+        arg_max(
+            group_call,
+            (group_call['event_time'], group_call['received_at'], group_call['message_id'])
+        ) filter (where group_call is not null) as group_call
     from partial_base
     group by customer_id, account_id
 ),
@@ -228,7 +249,9 @@ final as (
         created_channel,
         created_time,
         created_event_id,
-        last_activity_time
+        last_activity_time,
+        group_call['group_id'] as group_id,
+        group_call
     from traits_objects
     -- Sorted, on passes too: unsorted, a pass's new customers (often anonymous visitors) came
     -- out together and filled whole row groups with null user_ids (test ducklake_stats_complete).

@@ -52,6 +52,7 @@ profiles as (
                     'type', created_channel
                 ),
                 'audiencesStatic', coalesce(audiences.audiences_static, '[]'::json),
+                'groupId', customer_profiles.group_id,
                 'lastActivityTime', {{ iso_ts('last_activity_time') }}
             )
         ) as metadata_base

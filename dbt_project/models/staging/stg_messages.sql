@@ -1,4 +1,5 @@
--- One row per stored message: typed columns, the JSON parts messages carry, the event action.
+-- One row per stored message: typed columns, the JSON parts messages carry, the event action,
+-- an alias's previousId and a group call's groupId.
 with messages as (
     select * from {{ source('raw', 'messages') }}
 ),
@@ -8,7 +9,9 @@ with messages as (
 parts as (
     select
         *,
-        json_extract(message, ['$.traits', '$.context', '$.properties', '$.name']) as part
+        json_extract(
+            message, ['$.traits', '$.context', '$.properties', '$.name', '$.previousId', '$.groupId']
+        ) as part
     from messages
 ),
 
@@ -40,7 +43,10 @@ final as (
         message::json as message,
         part[1] as traits,
         part[2] as context,
-        part[3] as properties
+        part[3] as properties,
+        -- An alias's previousId, and a group call's groupId (a string or a number: as text).
+        case when type = 'alias' then part[5] ->> '$' end as previous_id,
+        case when type = 'group' then part[6] ->> '$' end as group_id
     from parts
 )
 
