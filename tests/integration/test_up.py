@@ -19,6 +19,7 @@ from pathlib import Path
 import dagster as dg
 import httpx
 import pytest
+from playwright.sync_api import expect
 
 from mallard import mailbox
 from mallard.harness import REPO, free_port
@@ -217,7 +218,8 @@ def test_make_run_starts_everything_and_the_watcher_runs_the_passes(tmp_path: Pa
             )
             for view in ("/runs", "/assets"):
                 page.goto(ui[1] + view, wait_until="networkidle", timeout=120_000)
-            assert page.title() == "Dagster"
+            expect(page).to_have_title("Assets", timeout=60_000)  # the asset page rendered
+            assert page.get_by_text("Join the Dagster community").count() == 0
         assert foreign == []
 
         _stop(proc, signal.SIGINT, paths, log)  # Ctrl-C
