@@ -105,7 +105,7 @@ def worker(data_dir: Path, profile: Path | None) -> int:
     result = d.DispatchResult()
     out: dict[str, Any] = {"rss_start_mib": rss_mib()}
     outbox = Outbox(d.outbox_path(paths))
-    planning = d.Planning.load(paths, d.public_url())
+    planning = d.Planning.load(paths, d.public_url(paths))
     try:
         t = time.perf_counter()
         d.plan(paths, outbox, result, planning)

@@ -282,9 +282,11 @@ def render(asset: Asset, data: dict[str, Any]) -> Rendered:
 
 
 # The merge data `mallard assets check` renders with when an asset has no sample.json; the
-# dispatcher's data has this shape: the command's root keys plus `customer`.
+# dispatcher's data has this shape: the command's root keys plus `customer` and
+# `preferencesUrl`.
 SAMPLE_DATA: dict[str, Any] = {
     "userId": "sample-user",
+    "preferencesUrl": "http://127.0.0.1:8000/content?s=sub_sample",
     "customer": {
         "id": "sample-user",
         "externalId": "sample-user",

@@ -129,16 +129,36 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # uvicorn bounds neither the time nor the size of a request's head (httptools).
         "http": head_guard(settings.limits.head_timeout_s, settings.limits.max_head_bytes),
     }
+    config = uvicorn.Config(create_app(settings), **options)
+    paths = DataPaths(settings.data_dir)
     if args.worker is None:
         _print_serving(settings, args, "")
-        uvicorn.run(create_app(settings), **options)
-        return 0
-    # One of `--workers N` (mallard/workers.py): the port shared with the others.
-    from mallard.workers import reuseport_socket
+        started = _run_server(config, paths)
+    else:
+        # One of `--workers N` (mallard/workers.py): the port shared with the others.
+        from mallard.workers import reuseport_socket
 
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), **options))
-    server.run(sockets=[reuseport_socket(args.host, args.port)])
-    return 0 if server.started else 3  # uvicorn.run's exit code when start-up failed
+        started = _run_server(config, paths, reuseport_socket(args.host, args.port))
+    return 0 if started else 3  # uvicorn.run's exit code when start-up failed
+
+
+def _run_server(config: Any, paths: DataPaths, sock: Any = None) -> bool:
+    """uvicorn's server on `config` (on `sock` when given) until it stops, recording the address
+    it listens on once it does (mallard/served.py); whether it started."""
+    import uvicorn
+
+    from mallard import served
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: list[Any] | None = None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                host, port = self.servers[0].sockets[0].getsockname()[:2]
+                served.record(paths, host, port)
+
+    server = Server(config)
+    server.run(sockets=None if sock is None else [sock])
+    return bool(server.started)
 
 
 def _print_serving(settings: Settings, args: argparse.Namespace, how: str) -> None:

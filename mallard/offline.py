@@ -17,8 +17,9 @@ from typing import Any
 
 # dbt reads DO_NOT_TRACK and DBT_SEND_ANONYMOUS_USAGE_STATS when it parses its flags (each alone
 # turns its usage events off); Dagster reads DAGSTER_DISABLE_TELEMETRY before it uploads, and
-# DAGSTER_HOME/dagster.yaml's `telemetry: enabled` before it logs an event. (uv runs only in
-# `make install`, where the Makefile forbids it to download a Python; nothing runs it later.)
+# DAGSTER_HOME/dagster.yaml's `telemetry: enabled` (DAGSTER_OFF) before it logs an event. (uv
+# runs only in `make install`, where the Makefile forbids it to download a Python; nothing runs
+# it later.)
 TELEMETRY_OFF = {
     "DO_NOT_TRACK": "1",
     "DAGSTER_DISABLE_TELEMETRY": "1",
@@ -39,23 +40,33 @@ def force_offline(environ: MutableMapping[str, str] = os.environ) -> None:
     environ.update(TELEMETRY_OFF)
 
 
+# The settings of DAGSTER_HOME/dagster.yaml forced off: `telemetry` (usage events), and `nux`,
+# the Dagster UI's first-visit pop-up that asks for an email address to send to Dagster's
+# community list (the UI reads it as the GraphQL field `shouldShowNux`).
+DAGSTER_OFF = ("telemetry", "nux")
+
+
 def dagster_yaml(existing: str) -> str | None:
-    """The dagster.yaml text with telemetry off and anything else kept, or None when `existing`
-    already has it off."""
+    """The dagster.yaml text with each of DAGSTER_OFF's `enabled: false` and anything else
+    kept, or None when `existing` already has them off."""
     import yaml
 
     cfg: Any = yaml.safe_load(existing) if existing.strip() else {}
     if not isinstance(cfg, dict):
         cfg = {}
-    telemetry = cfg.get("telemetry")
-    if isinstance(telemetry, dict) and telemetry.get("enabled") is False:
-        return None
-    cfg["telemetry"] = {**(telemetry if isinstance(telemetry, dict) else {}), "enabled": False}
-    return str(yaml.safe_dump(cfg, sort_keys=False))
+    changed = False
+    for key in DAGSTER_OFF:
+        section = cfg.get(key)
+        if isinstance(section, dict) and section.get("enabled") is False:
+            continue
+        cfg[key] = {**(section if isinstance(section, dict) else {}), "enabled": False}
+        changed = True
+    return str(yaml.safe_dump(cfg, sort_keys=False)) if changed else None
 
 
-def ensure_dagster_telemetry_off(dagster_home: Path) -> None:
-    """DAGSTER_HOME/dagster.yaml says `telemetry: enabled: false`, written if it did not."""
+def ensure_dagster_settings_off(dagster_home: Path) -> None:
+    """DAGSTER_HOME/dagster.yaml says `enabled: false` for each of DAGSTER_OFF, written if it
+    did not."""
     cfg = dagster_home / "dagster.yaml"
     text = dagster_yaml(cfg.read_text() if cfg.exists() else "")
     if text is not None:

@@ -115,6 +115,11 @@ class DataPaths:
         return self.root / "run"
 
     @property
+    def served_url(self) -> Path:
+        """The address `mallard serve` listens on, http://host:port (mallard/served.py)."""
+        return self.run_dir / "served-url"
+
+    @property
     def last_pass(self) -> Path:
         """The record of the last pipeline pass, whoever ran it (mallard/passes.py)."""
         return self.run_dir / "last-pass.json"

@@ -84,13 +84,8 @@ class Settings:
     # `?starttls=1`); `make run` points it at its local mailbox.
     smtp_url: str = "smtp://127.0.0.1:1025"
     # The base of the links in messages (pixel, click redirects, unsubscribe, preferences);
-    # "" for the server's own address, http://<host>:<port>.
+    # "" for the address the server listens on (mallard/served.py).
     public_url: str = ""
-
-    @property
-    def link_base(self) -> str:
-        """The base URL links in messages point at, without a trailing slash."""
-        return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
 
     def with_data_dir(self, data_dir: str | Path) -> Settings:
         return replace(self, data_dir=Path(data_dir).resolve())

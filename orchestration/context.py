@@ -8,7 +8,7 @@ import hmac
 import os
 from pathlib import Path
 
-from mallard.offline import ensure_dagster_telemetry_off
+from mallard.offline import ensure_dagster_settings_off
 from mallard.paths import DataPaths
 from mallard.priority import yield_cpu
 from mallard.settings import get_settings
@@ -48,7 +48,7 @@ def subscription_id(secret_hex: str, customer_id: str) -> str:
 def ensure_dagster_home(paths: DataPaths) -> Path:
     home = paths.dagster_home
     home.mkdir(parents=True, exist_ok=True)
-    ensure_dagster_telemetry_off(home)
+    ensure_dagster_settings_off(home)
     return home
 
 

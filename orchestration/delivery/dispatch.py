@@ -50,6 +50,7 @@ from collector.wal import SEALED_SUFFIX, frame, fsync_dir
 from mallard import gc_pause, jsontext
 from mallard.commands import SEND_CHANNELS, START_JOURNEY
 from mallard.paths import DataPaths
+from mallard.served import link_base
 from mallard.warehouse import STRINGS, strings
 from orchestration.delivery.outbox import FAILED, PENDING, SENT, SKIPPED, Outbox, Send, send_id
 
@@ -104,12 +105,12 @@ def outbox_path(paths: DataPaths) -> Path:
     return getattr(paths, "outbox_db", paths.root / "outbox.sqlite")
 
 
-def public_url() -> str:
-    """The base URL links in messages point at (settings: `MALLARD_PUBLIC_URL`, else the
-    server's own address)."""
+def public_url(paths: DataPaths) -> str:
+    """The base URL links in messages point at (`MALLARD_PUBLIC_URL`, else the address the
+    data dir's server listens on: mallard/served.py)."""
     from mallard.settings import get_settings
 
-    return get_settings().link_base
+    return link_base(get_settings(), paths)
 
 
 # --- outcome events -------------------------------------------------------------------------
@@ -429,6 +430,8 @@ def plan_command(
         "externalId": cmd.user_id,
         "_subscriptionId": subscription_id,
     }
+    # The customer's hosted preferences page, unless the command names a page of its own.
+    merge.setdefault("preferencesUrl", preferences_url(base_url, subscription_id))
     rows = []
     for r in recipients:
         if channel in ("email", "sms") and outbox.is_suppressed(cmd.account_id, channel, r):
@@ -443,12 +446,19 @@ def plan_command(
         if asset.kind == "marketing" and channel == "email":
             extra["marketing"] = True
             with_preferences_link(
-                content,
-                f"{base_url}/content?s={quote(subscription_id or '')}"
-                f"&utm_campaign={quote(asset.asset_id)}",
+                content, preferences_url(base_url, subscription_id, asset.asset_id)
             )
         rows.append(_send_row(cmd, channel, r, PENDING, None, **extra))
     return rows
+
+
+def preferences_url(base_url: str, subscription_id: str | None, campaign: str | None = None) -> str:
+    """The customer's hosted preferences page (api/preferences_routes.py), with the campaign
+    that linked to it."""
+    from mallard.settings import get_settings
+
+    url = f"{base_url}/content?{get_settings().prefs_query_param}={quote(subscription_id or '')}"
+    return f"{url}&utm_campaign={quote(campaign)}" if campaign else url
 
 
 def with_preferences_link(content: dict[str, Any], url: str) -> None:
@@ -955,7 +965,7 @@ def dispatch(paths: DataPaths, deliver_fn: Any = deliver) -> DispatchResult:
     """Plan new commands, move the journeys, send what is due, record every outcome (module
     docstring)."""
     result = DispatchResult()
-    base_url = public_url()
+    base_url = public_url(paths)
     outbox = Outbox(outbox_path(paths))
     planning = Planning.load(paths, base_url)
     try:

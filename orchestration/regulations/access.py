@@ -3,7 +3,7 @@
 The rows come from the selection Delete removes (subjects.selections): the zip's messages,
 events, trait history, identifier sightings and profiles are exactly the rows a Delete of the same
 subject takes out of those tables, and `rows_by_table` in the manifest counts, per lake table, the
-subject's rows a Delete removes (exported as a file or held in an internal table derived from
+subject's rows a Delete removes (exported as a file or held in another table derived from
 them). Every query runs in one read transaction at one snapshot, so the files agree with each
 other.
 
@@ -48,7 +48,8 @@ EXPORTED = {
     "marts.deliveries": "deliveries",
 }
 # What the subject's rows in the other tables are: copies or derivations of the exported data, or
-# bookkeeping of the pipeline. A Delete removes them as well.
+# bookkeeping of the pipeline. A Delete removes them as well. A table not named here is described
+# by its schema (SCHEMA_ROLES).
 DERIVED = {
     "intermediate.int_messages_deduped": "your messages, once each (as in messages.jsonl)",
     "intermediate.int_messages_identified": (
@@ -79,6 +80,23 @@ DERIVED = {
         "each journey you were in: where you are in it or how it ended, from the journey_*"
         " events in events.jsonl"
     ),
+    "marts.commands": (
+        "each of your events that asked for a message to be sent to you or a journey to start"
+        " (send_email, send_sms, send_push, send_print, start_journey in events.jsonl)"
+    ),
+    "marts.audience_members": (
+        "each audience you entered, and when you left it (audiencesStatic in profile.json)"
+    ),
+    "intermediate.int_audience_matches": (
+        "the audiences you match now (audiencesStatic in profile.json)"
+    ),
+}
+# What a table of each schema is, for the tables DERIVED does not name (docs/warehouse.md): the
+# marts are the documented tables the organisation reads; the others are the pipeline's own.
+SCHEMA_ROLES = {
+    "marts": "a table the organisation's analysts and systems read, built from the data above",
+    "intermediate": "a working step of the models that build the data above",
+    "state": "bookkeeping the pipeline keeps to build the data above",
 }
 # The endpoint families a message can come in through (raw.messages `source`).
 SOURCES = {
@@ -755,12 +773,13 @@ def render_readme(f: Facts) -> str:
         )
     if f.derived:
         w(
-            "The warehouse also keeps your rows in internal tables, copies or derivations of the"
-            " data above that it builds them from; they are not repeated here, and a deletion"
-            " removes them too:\n"
+            "The warehouse also keeps your rows in other tables, copies or derivations of the"
+            " data above; they are not repeated here, and a deletion removes them too:\n"
         )
         for table, rows in f.derived.items():
-            what = DERIVED.get(table, "an internal working table")
+            what = DERIVED.get(table) or SCHEMA_ROLES.get(
+                table.split(".")[0], "a table of the pipeline"
+            )
             w(f"- `{table}`: {_rows(rows)}, {what}")
         w("")
 

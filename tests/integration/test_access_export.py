@@ -27,7 +27,7 @@ import pytest
 from mallard.paths import DataPaths
 from mallard.regulations import Regulation
 from orchestration.regulations import subjects
-from orchestration.regulations.access import export_access
+from orchestration.regulations.access import DERIVED, EXPORTED, export_access
 from orchestration.warehouse import lake_connection
 from tests.conftest import wait_landed
 from tests.integration.prefs_support import PrefsEnv, start_prefs_env
@@ -403,6 +403,8 @@ def test_rows_by_table_are_the_rows_a_delete_of_the_subject_removes(world: World
         "marts.deliveries",
     }
     assert expected["raw.messages"] == len(world.sent[ALICE]) + 2  # + the first identify, prefs
+    # Every table holding the subject's rows is a file of the zip or named in its README.
+    assert not set(expected) - set(EXPORTED) - set(DERIVED)
 
 
 def test_regulations_json_names_only_the_subject(world: World) -> None:

@@ -2,7 +2,8 @@
 following a tracked link of a message at the loopback SMTP sink become `email_opened` and
 `email_clicked`; the one-click unsubscribe of a received marketing message's List-Unsubscribe
 header makes the next marketing send `email_skipped` (preferences) while a transactional one
-still arrives."""
+still arrives. No MALLARD_PUBLIC_URL is set: every link points at the address the server
+listens on."""
 
 from __future__ import annotations
 
@@ -49,6 +50,8 @@ class Flow:
     first: dict[str, EmailMessage] = field(default_factory=dict)  # assetId -> message
     later: list[EmailMessage] = field(default_factory=list)  # after the unsubscribe
     commands: dict[str, str] = field(default_factory=dict)  # name -> eventId
+    subscription_id: str = ""
+    preferences_link: str = ""  # in the welcome email
     pixel: httpx.Response | None = None
     click: httpx.Response | None = None
     clicked_url: str = ""
@@ -73,10 +76,7 @@ def flow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flow]:
     server.start()
 
     def run_pass() -> None:
-        pipeline_pass(
-            data,
-            {"MALLARD_SMTP_URL": f"smtp://127.0.0.1:{smtp_port}", "MALLARD_PUBLIC_URL": server.url},
-        )
+        pipeline_pass(data, {"MALLARD_SMTP_URL": f"smtp://127.0.0.1:{smtp_port}"})
 
     try:
         f = Flow(server, sink)
@@ -91,7 +91,7 @@ def flow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flow]:
         assert r.status_code == 200, r.text
         wait_landed(data, [str(r.json()["eventId"])])
         run_pass()
-        sid = server.get("profiles/userId:u1/meta").json()["_subscriptionId"]
+        sid = f.subscription_id = server.get("profiles/userId:u1/meta").json()["_subscriptionId"]
         # Opted in to email and to the newsletter's category, through the preferences API.
         r = httpx.post(
             f"{server.url}/cdp/marketing-preferences/{sid}",
@@ -120,6 +120,9 @@ def flow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flow]:
         assert len(msgs) == 2, [m["Subject"] for m in msgs]
         f.first = {("newsletter" if "List-Unsubscribe" in m else "welcome"): m for m in msgs}
         assert set(f.first) == {"newsletter", "welcome"}
+        link = re.search(r"Your preferences: (\S+)", _text(f.first["welcome"]))
+        assert link, _text(f.first["welcome"])
+        f.preferences_link = link[1]
 
         # Open and click the newsletter as a mail client would.
         html_part = f.first["newsletter"].get_body(preferencelist=("html",))
@@ -159,6 +162,12 @@ def flow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flow]:
         controller.stop()
 
 
+def _text(msg: EmailMessage) -> str:
+    part = msg.get_body(preferencelist=("plain",))
+    assert part is not None
+    return str(part.get_content())  # type: ignore[attr-defined]
+
+
 def _props(e: dict[str, Any]) -> dict[str, Any]:
     props: dict[str, Any] = e["rawData"]["properties"]
     return props
@@ -186,6 +195,18 @@ def test_opening_and_clicking_a_received_message_are_events(flow: Flow) -> None:
         assert p["sendId"] == sid and p["assetId"] == "newsletter"
         assert p["commandEventId"] == flow.commands["news1"]
     assert _props(clicked[0])["url"] == "https://shop.example/ducks?a=1&b=2"
+
+
+def test_the_demo_welcome_email_links_to_the_servers_preferences_page(flow: Flow) -> None:
+    assert flow.preferences_link == f"{flow.server.url}/content?s={flow.subscription_id}"
+    page = httpx.get(flow.preferences_link, timeout=30)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "<h1>Your communication preferences</h1>" in page.text, page.text[:500]
+    # A marketing email gets one link to the page, with its campaign, added when it is sent.
+    news = _text(flow.first["newsletter"])
+    assert re.findall(r"\S+/content\?\S+", news) == [
+        f"{flow.server.url}/content?s={flow.subscription_id}&utm_campaign=newsletter"
+    ]
 
 
 def test_one_click_unsubscribe_skips_marketing_but_not_transactional(flow: Flow) -> None:

@@ -1,6 +1,8 @@
 """`mallard up`, what `make run` runs: server, demo data, a first pass, the pipeline watcher, the
 Dagster UI and daemon, and Ctrl-C or SIGTERM stopping them all, saying so. After start-up the
-watcher runs the passes in its warm process; the daemon's sensor sees files land and stands back."""
+watcher runs the passes in its warm process; the daemon's sensor sees files land and stands back.
+A new user's first hour: no alarming warning in a pass's output, no pop-up in the Dagster UI, and
+the demo email's preferences link opens the page on the port `mallard up` serves."""
 
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ from pathlib import Path
 import dagster as dg
 import httpx
 import pytest
+from playwright.sync_api import expect
 
+from mallard import mailbox
 from mallard.harness import REPO, free_port
 from mallard.offline import TELEMETRY_OFF
 from mallard.paths import DataPaths
@@ -49,6 +53,8 @@ def _sensor_skips(home: Path, sensor: str) -> list[str]:
 
 
 CHILDREN = ("mailbox", "server", "pipeline-watch", "dagster-webserver", "dagster-daemon")
+# What a normal pass must not print: Python warnings of the components it runs.
+WARNING_LINE = re.compile(r"^.*\b\w*(BetaWarning|DeprecationWarning|PreviewWarning)\b.*$", re.M)
 
 
 def _start(data: Path) -> tuple[subprocess.Popen[str], list[str]]:
@@ -125,6 +131,8 @@ def test_make_run_starts_everything_and_the_watcher_runs_the_passes(tmp_path: Pa
         out = "".join(lines)
         token = re.search(r"auth-token: (\S+)", out)
         base = re.search(r"curl -s '(\S+)/events/", out)
+        server = re.search(r"Server \(ingestion, read API, tag\): (http://\S+)", out)
+        assert server, out
         assert token and base and re.search(r"writeKey:\s+\S+", out), out
         assert re.search(r"Dagster UI: +http://127\.0\.0\.1:\d+", out), out
         assert "pipeline run --watch" in out
@@ -142,6 +150,11 @@ def test_make_run_starts_everything_and_the_watcher_runs_the_passes(tmp_path: Pa
             "/identify", json={"userId": "up-1", "event": "identify", "traits": {"plan": "team"}}
         )
         assert sent.status_code == 200, sent.text
+        # The demo's welcome email to a demo customer, sent after the watcher's pass.
+        welcome = client.post(
+            "/track", json={"userId": "u-1001", "event": "send_email", "assetId": "welcome"}
+        )
+        assert welcome.status_code == 200, welcome.text
 
         def served() -> bool:
             r = client.get("/profiles/userId:up-1/traits")
@@ -156,6 +169,19 @@ def test_make_run_starts_everything_and_the_watcher_runs_the_passes(tmp_path: Pa
             return "pass: new landing files" in text and "ok   dbt build" in text
 
         _wait("the watcher's log of that pass", watcher_ran_it, 120, log)
+        # The first pass (its output is `mallard up`'s) and the watcher's: no warnings.
+        assert not WARNING_LINE.findall(out), out
+        assert not WARNING_LINE.findall((paths.run_dir / "pipeline-watch.log").read_text())
+
+        # The welcome email links to the preferences page at the address the server listens on.
+        _wait("the welcome email", lambda: mailbox.message_files(paths), 240, log)
+        [received] = [mailbox.parse(p) for p in mailbox.message_files(paths)]
+        text = received.get_body(preferencelist=("plain",))
+        assert text is not None
+        link = re.search(r"Your preferences: (\S+)", text.get_content())  # type: ignore[attr-defined]
+        assert link and link[1].startswith(f"{server[1]}/content?s="), link
+        page = httpx.get(link[1], timeout=30)
+        assert page.status_code == 200 and "Your communication preferences" in page.text
 
         # The daemon's sensor saw the file land and left the pass to the watcher.
         _wait(
@@ -175,6 +201,12 @@ def test_make_run_starts_everything_and_the_watcher_runs_the_passes(tmp_path: Pa
         # The operators' UI, in Chromium: it renders and asks no host but its own.
         ui = re.search(r"Dagster UI: +(http://127\.0\.0\.1:\d+)", out)
         assert ui
+        # Its first-visit pop-up (an email address for Dagster's community) is off: the instance
+        # setting, and the flag the UI reads.
+        with dg.DagsterInstance.from_config(str(paths.dagster_home)) as instance:
+            assert instance.nux_enabled is False
+        nux = httpx.post(f"{ui[1]}/graphql", json={"query": "{ shouldShowNux }"}, timeout=30)
+        assert nux.json() == {"data": {"shouldShowNux": False}}, nux.text
         with chromium() as browser:
             page = browser.new_page()
             foreign: list[str] = []
@@ -186,7 +218,9 @@ def test_make_run_starts_everything_and_the_watcher_runs_the_passes(tmp_path: Pa
             )
             for view in ("/runs", "/assets"):
                 page.goto(ui[1] + view, wait_until="networkidle", timeout=120_000)
-            assert page.title() == "Dagster"
+            assert page.title() in ("Dagster", "Assets")  # the app's, or its asset page's
+            expect(page.get_by_role("navigation")).to_be_visible(timeout=60_000)
+            assert page.get_by_text("Join the Dagster community").count() == 0
         assert foreign == []
 
         _stop(proc, signal.SIGINT, paths, log)  # Ctrl-C

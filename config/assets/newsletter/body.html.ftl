@@ -11,6 +11,6 @@
 <#else>
 <p>A quiet week: nothing new.</p>
 </#if>
-<p><a href="https://example.com/preferences?s=${(customer._subscriptionId)!""}&amp;utm_campaign=newsletter">Manage preferences</a></p>
+<#-- Marketing mail ends with a link to the customer's preferences page, added when it is sent. -->
 </body>
 </html>

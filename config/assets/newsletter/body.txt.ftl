@@ -8,4 +8,4 @@ ${item?counter}. ${item.title}: ${item.url}
 A quiet week: nothing new.
 </#if>
 
-Manage preferences: https://example.com/preferences?s=${(customer._subscriptionId)!""}&utm_campaign=newsletter
+<#-- Marketing mail ends with a link to the customer's preferences page, added when it is sent. -->

@@ -3,4 +3,4 @@ Hi ${customer.firstName!"there"},
 You signed up a couple of days ago but have not had a look around yet. It takes two minutes.
 
 Take the tour: https://example.com/start?utm_campaign=reminder
-Your preferences: https://example.com/preferences?s=${(customer._subscriptionId)!""}
+<#-- Marketing mail ends with a link to the customer's preferences page, added when it is sent. -->

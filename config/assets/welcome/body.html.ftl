@@ -7,6 +7,6 @@
 <p>You are on the <strong>${plan?cap_first}</strong> plan.</p>
 </#if>
 <p><a href="https://example.com/start?utm_campaign=welcome">Get started</a></p>
-<p><a href="https://example.com/preferences?s=${(customer._subscriptionId)!""}">Your preferences</a></p>
+<p><a href="${preferencesUrl}">Your preferences</a></p>
 </body>
 </html>

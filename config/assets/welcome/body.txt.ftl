@@ -6,4 +6,4 @@ You are on the ${plan?cap_first} plan.
 </#if>
 
 Get started: https://example.com/start?utm_campaign=welcome
-Your preferences: https://example.com/preferences?s=${(customer._subscriptionId)!""}
+Your preferences: ${preferencesUrl}

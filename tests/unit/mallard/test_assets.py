@@ -72,7 +72,6 @@ def test_render_newsletter(config: Path) -> None:
     assert out.links == [
         "https://example.com/news/ducks?a=1&b=2",
         "https://example.com/news/release",
-        "https://example.com/preferences?s=sub_8f3a&utm_campaign=newsletter",
     ]
     quiet = render(news, {"customer": {}})
     assert "A quiet week" in (quiet.html or "")
@@ -82,10 +81,14 @@ def test_render_newsletter(config: Path) -> None:
 
 def test_render_each_channel(config: Path) -> None:
     assets = load_assets(config)
-    welcome = render(assets["welcome"], {"customer": {"firstName": "<Ada>"}})
+    page = "http://127.0.0.1:8000/content?s=sub_1"
+    welcome = render(
+        assets["welcome"], {"customer": {"firstName": "<Ada>"}, "preferencesUrl": page}
+    )
     assert welcome.subject == "Welcome, <Ada>"
     assert "Hi &lt;Ada&gt;," in (welcome.html or "")
     assert (welcome.text or "").startswith("Hi <Ada>,")
+    assert welcome.links[-1] == page and f"Your preferences: {page}" in (welcome.text or "")
     sms = render(assets["reset_code"], {"code": "123", "customer": {}})
     assert sms.text == "Hi there, your reset code is 123. It expires in 10 minutes.\n"
     assert (sms.html, sms.links) == (None, [])
@@ -261,7 +264,7 @@ def test_assets_check_cli(config: Path) -> None:
     lines = done.stdout.splitlines()
     assert len(lines) == 6
     assert all(line.startswith("ok") for line in lines)
-    assert any("newsletter" in line and "3 links" in line for line in lines)
+    assert any("newsletter" in line and "2 links" in line for line in lines)
     # No sample.json: the built-in sample customer is used.
     (config / "assets" / "welcome" / "sample.json").unlink()
     assert run_check(config).returncode == 0

@@ -103,15 +103,21 @@ def test_dagster_reads_the_switch_and_the_instance_as_off(
 
     paths = DataPaths(tmp_path / "data")
     paths.dagster_home.mkdir(parents=True)
-    # A dagster.yaml of the user's with telemetry on: turned off, the rest kept.
+    # A dagster.yaml of the user's with telemetry and the UI's pop-up on: turned off, the rest
+    # kept.
     (paths.dagster_home / "dagster.yaml").write_text(
-        "telemetry:\n  enabled: true\nrun_monitoring:\n  enabled: true\n"
+        "telemetry:\n  enabled: true\nrun_monitoring:\n  enabled: true\nnux:\n  enabled: true\n"
     )
     home = ensure_dagster_home(paths)
     cfg = yaml.safe_load((home / "dagster.yaml").read_text())
-    assert cfg == {"telemetry": {"enabled": False}, "run_monitoring": {"enabled": True}}
+    assert cfg == {
+        "telemetry": {"enabled": False},
+        "run_monitoring": {"enabled": True},
+        "nux": {"enabled": False},
+    }
     with DagsterInstance.from_config(str(home)) as instance:
         assert instance.telemetry_enabled is False
+        assert instance.nux_enabled is False  # what the UI's shouldShowNux reads
     assert dagster_yaml((home / "dagster.yaml").read_text()) is None  # left as it is
 
 

@@ -93,7 +93,7 @@ def test_the_readme_answers_article_15_1_a_to_h() -> None:
     # (h) no automated decisions; no audience, no journey.
     assert "no decision" in s["h"] and "Art. 22" in s["h"]
     assert "no audience" in s["h"] and "No automated message sequence" in s["h"]
-    # The files and the internal tables, with their rows.
+    # The files and the other tables, with their rows.
     assert "| `events.jsonl` | 3 |" in readme
     assert "`intermediate.int_messages_deduped`: 4 rows" in readme
     assert "deliveries.jsonl` (and `deliveries.csv`) is empty" in readme
@@ -118,6 +118,21 @@ def test_the_readme_names_recipients_audiences_and_journeys_when_there_are_some(
     assert "`vip`" in s["h"] and "3 rows" in s["h"]
     no_delivery = sections(render_readme(facts(deliveries_table=True)))
     assert "No message has been sent to you" in no_delivery["c"]
+
+
+def test_the_readme_calls_marts_what_people_read_and_only_other_tables_the_pipelines() -> None:
+    derived = {
+        "marts.commands": 2,
+        "marts.some_new_mart": 1,
+        "intermediate.int_some_step": 3,
+        "state.some_bookkeeping": 4,
+    }
+    readme = render_readme(facts(derived=derived))
+    assert "internal" not in readme.split("## (a)")[0]
+    assert "`marts.commands`: 2 rows, each of your events that asked for a message" in readme
+    assert "`marts.some_new_mart`: 1 row, a table the organisation's analysts and systems" in readme
+    assert "`intermediate.int_some_step`: 3 rows, a working step of the models" in readme
+    assert "`state.some_bookkeeping`: 4 rows, bookkeeping the pipeline keeps" in readme
 
 
 def test_the_readme_without_messages_says_so() -> None:
