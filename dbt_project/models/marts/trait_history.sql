@@ -293,8 +293,8 @@ changes as (
 
 starts as (
     select * from changes
-    qualify coalesce(lag(change_key) over by_key, '') != change_key
     window by_key as (partition by customer_id_then, trait_key order by known_from)
+    qualify coalesce(lag(change_key) over by_key, '') != change_key
 ),
 
 periods as (
