@@ -25,8 +25,12 @@ identity_map as (
     select * from {{ ref('int_identity_map') }}
 ),
 
+-- The trait rows of those messages: int_trait_history's customer is its message's.
 trait_rows as (
     select * from {{ ref('int_trait_history') }}
+    {% if is_incremental() -%}
+    where customer_id in (select customer_id from {{ ref('int_customers_changed') }})
+    {%- endif %}
 ),
 
 -- Who held each message, from when: a visitor's message (no userId) from before its anonymousId
