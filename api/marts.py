@@ -13,6 +13,8 @@ CUSTOMERS = "customers"
 CUSTOMER_IDENTIFIERS = "customer_identifiers"
 CUSTOMER_PREFERENCES = "customer_preferences"
 FRESHNESS = "freshness"
+# Each trait's value per period of event time, per profile as it stood: the asOf answers.
+TRAIT_HISTORY = "trait_history"
 # Audiences as code (docs/audiences.md): one row per audience file, and the membership history.
 AUDIENCES = "audiences"
 AUDIENCE_MEMBERS = "audience_members"

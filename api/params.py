@@ -66,8 +66,20 @@ ScrollId = Annotated[
     ),
 ]
 
+AsOf = Annotated[
+    str | None,
+    QueryParameter(
+        name="asOf",
+        description="Answer as of this ISO-8601 date (midnight UTC) or date-time (UTC unless it"
+        " carries an offset): from the messages whose event time is at or before it, with"
+        " identity as it stood then. Later messages do not change the answer.",
+    ),
+]
+
 EVENT_PARAMS = frozenset({"include", "exclude", "start", "end", "sort", "from", "size"})
 PROFILE_EVENT_PARAMS = EVENT_PARAMS | {"scrollId"}
+ACCOUNT_EVENT_PARAMS = EVENT_PARAMS | {"asOf"}
+PROFILE_PARAMS = frozenset({"asOf"})
 PROFILE_LIST_PARAMS = frozenset({"from", "size", "scrollId"})
 
 
@@ -80,6 +92,7 @@ class EventQuery:
     sort: str = "desc"
     offset: int = 0
     size: int = DEFAULT_SIZE
+    as_of: datetime | None = None  # the events as they stood then (event time <= as_of)
 
 
 def only(request: Request[Any, Any, Any], allowed: frozenset[str]) -> None:
@@ -117,6 +130,13 @@ def _time(name: str, raw: str | None) -> datetime | None:
     return t.replace(tzinfo=UTC) if t.tzinfo is None else t
 
 
+def as_of(raw: str | None) -> datetime | None:
+    """The asOf parameter: None when absent; a bad one is refused like start and end."""
+    if raw is not None and not raw.strip():
+        raise InvalidRequest('"asOf" must be an ISO-8601 date or date-time, got an empty value')
+    return _time("asOf", raw)
+
+
 def event_query(
     include: str | None = None,
     exclude: str | None = None,
@@ -125,6 +145,7 @@ def event_query(
     sort: str = "desc",
     offset: int = 0,
     size: int = DEFAULT_SIZE,
+    as_of_raw: str | None = None,
 ) -> EventQuery:
     if sort not in ("asc", "desc"):
         raise InvalidRequest(f'"sort" must be asc or desc, got {sort[:20]!r}')
@@ -135,7 +156,9 @@ def event_query(
     if t0 and t1 and t0 > t1:
         raise InvalidRequest('"start" must be before "end"')
     excluded = tuple(x.strip() for x in (exclude or "").split(",") if x.strip())
-    return EventQuery((include or "").strip() or None, excluded, t0, t1, sort, offset, size)
+    return EventQuery(
+        (include or "").strip() or None, excluded, t0, t1, sort, offset, size, as_of(as_of_raw)
+    )
 
 
 def profile_id(raw: str) -> tuple[str, str]:

@@ -14,10 +14,12 @@ from litestar import Controller, MediaType, Request, Response, get
 from litestar.params import FromPath
 
 from api.params import (
+    ACCOUNT_EVENT_PARAMS,
     DEFAULT_SIZE,
-    EVENT_PARAMS,
     PROFILE_EVENT_PARAMS,
     PROFILE_LIST_PARAMS,
+    PROFILE_PARAMS,
+    AsOf,
     End,
     Exclude,
     From,
@@ -26,6 +28,7 @@ from api.params import (
     Size,
     Sort,
     Start,
+    as_of,
     check_page,
     decode_scroll,
     encode_scroll,
@@ -81,8 +84,33 @@ def _profile(
 def _traits_or_meta(
     request: Request[Any, Any, Any], tenant: Tenant, profile: str, column: str
 ) -> Response[bytes]:
-    only(request, frozenset())
+    only(request, PROFILE_PARAMS)
     snap, id_type, found = _profile(request, tenant.account_id, profile, column)
+    if id_type == "email":
+        return _list(snap, [doc for _, doc in found])
+    return _answer(snap, found[0][1].encode())
+
+
+def _traits_as_of(
+    request: Request[Any, Any, Any], tenant: Tenant, profile: str, raw: str
+) -> Response[bytes]:
+    """The traits of the profile as it stood at asOf (traits and metadata alike)."""
+    only(request, PROFILE_PARAMS)
+    t = as_of(raw)
+    assert t is not None
+    id_type, value = profile_id(profile)
+    wh = _warehouse(request)
+    snap = wh.snapshot()
+    account = tenant.account_id
+    if id_type == "email":
+        found = wh.traits_as_of(snap, account, t, email=value)
+    elif id_type == "id":
+        found = wh.traits_as_of(snap, account, t, [value])
+    else:  # a userId's profile is the same customer at every time
+        ids = [cid for cid, _ in wh.customers_by(snap, account, id_type, value, "id")]
+        found = wh.traits_as_of(snap, account, t, ids) if ids else []
+    if not found:
+        raise NotFound(f"no profile {profile} as of {raw[:40]}", headers=freshness_headers(snap))
     if id_type == "email":
         return _list(snap, [doc for _, doc in found])
     return _answer(snap, found[0][1].encode())
@@ -91,13 +119,16 @@ def _traits_or_meta(
 _BY = (
     "profileId is idType:id with idType userId, email or id (the customer's own id). By userId"
     " or id the object itself; by email {data: [...]}, since several customers may share an"
-    " email (matched case-insensitively)."
+    " email (matched case-insensitively). With asOf, the traits as they stood at that time:"
+    " the same rules over the messages whose event time is at or before it (a visitor not yet"
+    " identified then is a profile of its own), 404 for a profile that did not stand then."
 )
 
 
 _META = (
     "The traits plus _subscriptionId, createdBy, firstEvent, lastEvent, audiencesStatic,"
-    " lastActivityTime and, once the customer has made a group call, groupId. " + _BY
+    " lastActivityTime and, once the customer has made a group call, groupId (with asOf, only"
+    " the traits as they stood: the rest describes the profile now). " + _BY
 )
 
 
@@ -117,7 +148,8 @@ class ReadApi(Controller):
         sync_to_thread=True,
         summary="Account events, newest first",
         description="Events of this account and brand. Page with from and size;"
-        " from + size may reach 10,000.",
+        " from + size may reach 10,000. With asOf, the events with event time at or before it,"
+        " each with its customer (id, userId, email) as it stood then.",
         responses=responses(EventPage, "{data: [event record]}", not_found=False),
     )
     def list_events(
@@ -131,9 +163,10 @@ class ReadApi(Controller):
         sort: Sort = "desc",
         offset: From = 0,
         size: Size = DEFAULT_SIZE,
+        as_of_time: AsOf = None,
     ) -> Response[bytes]:
-        only(request, EVENT_PARAMS)
-        q = event_query(include, exclude, start, end, sort, offset, size)
+        only(request, ACCOUNT_EVENT_PARAMS)
+        q = event_query(include, exclude, start, end, sort, offset, size, as_of_time)
         wh = _warehouse(request)
         snap = wh.snapshot()
         return _list(snap, wh.events(snap, tenant.account_id, tenant.brand_id, q))
@@ -190,7 +223,12 @@ class ReadApi(Controller):
         request: Request[Any, Any, Any],
         tenant: Tenant,
         profileId: FromPath[str],  # noqa: N803
+        as_of_time: AsOf = None,
     ) -> Response[bytes]:
+        if as_of_time is not None:
+            return await anyio.to_thread.run_sync(
+                _traits_as_of, request, tenant, profileId, as_of_time
+            )
         # By userId or id from the index, on the event loop: no hand-off to a worker thread and
         # back, two fewer wake-ups, which on a busy machine each wait for a core. Anything needing
         # I/O (a new snapshot, no index yet, an email to lower in DuckDB) goes to a worker thread.
@@ -216,8 +254,13 @@ class ReadApi(Controller):
         request: Request[Any, Any, Any],
         tenant: Tenant,
         profileId: FromPath[str],  # noqa: N803
+        as_of_time: AsOf = None,
     ) -> Response[bytes]:
         # Async, on a worker thread: a sync_to_thread handler on two paths is wrapped twice.
+        if as_of_time is not None:  # as of a time: the traits then (the rest is of now)
+            return await anyio.to_thread.run_sync(
+                _traits_as_of, request, tenant, profileId, as_of_time
+            )
         return await anyio.to_thread.run_sync(
             _traits_or_meta, request, tenant, profileId, "metadata"
         )

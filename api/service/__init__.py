@@ -6,8 +6,8 @@ Traits and event pages come from an in-memory index of the snapshot's files when
 (api/index/); otherwise, and for everything else, from SQL on the lake.
 
 The package's modules, lowest first: snapshot (Snapshot and the freshness headers), lake (the
-connection, and WouldBlock), serving (which snapshot is served, and its index), reads (the
-Warehouse's reads of the marts).
+connection, and WouldBlock), serving (which snapshot is served, and its index), as_of (the
+answers as of a time), reads (the Warehouse's reads of the marts).
 """
 
 from api.service.lake import WouldBlock

@@ -17,14 +17,16 @@ from api.marts import (
 )
 from api.pages import PagesLost
 from api.params import EventQuery
+from api.service.as_of import AsOfReads
 from api.service.serving import Serving
 from api.service.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 
 
-class Warehouse(Serving):
-    """The marts as the API reads them (Serving: which snapshot, and its index)."""
+class Warehouse(AsOfReads, Serving):
+    """The marts as the API reads them (Serving: which snapshot, and its index; AsOfReads: the
+    answers as of a time)."""
 
     def events(
         self,
@@ -34,6 +36,9 @@ class Warehouse(Serving):
         q: EventQuery,
         customer_ids: list[str] | None = None,
     ) -> list[str]:
+        if q.as_of is not None:
+            assert customer_ids is None, "asOf lists the account's events"
+            return self.events_as_of(snap, account_id, brand_id, q)
         idx = self.index(snap)
         if idx is not None:
             hashes = None

@@ -59,6 +59,9 @@ DERIVED = {
         "which userId each of your anonymousIds belongs to (as in identifiers.json)"
     ),
     "intermediate.int_customer_traits": "your current traits (as in profile.json)",
+    "marts.trait_history": (
+        "what your profile held at each time, trait by trait (from trait_history.jsonl)"
+    ),
     "intermediate.int_customers_changed": "which customers a pipeline pass rebuilt",
     "intermediate.int_preference_changes": (
         "each marketing preference change your messages made (as in preferences.json)"

@@ -42,6 +42,8 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
+from api.params import EventQuery
+from api.service import Warehouse
 from collector.messages import Tenant, stamp
 from collector.roller import records_to_tables
 from mallard.harness import close_passes, init_data_dir, pipeline_pass
@@ -488,6 +490,8 @@ MARTS = {
     "commands": ("merge_data",),
     "groups": ("traits",),
     "group_members": (),
+    # Each trait's value per period of event time (the read API's asOf answers).
+    "trait_history": ("trait_value",),
 }
 # The tables above that are no marts: schema `state` (what passes keep for themselves), and the
 # models of docs/incremental-models.md (schema `examples`, built with MALLARD_DBT_EXAMPLES).
@@ -626,6 +630,7 @@ class Built:
     folded_full: dict[str, list[dict[str, Any]]]
     incremental: Path  # the incremental lake's data dir, which test_exactly_once passes again
     finished: list[int]  # the passes that finished on it, in order
+    versions: list[int]  # its snapshot after each slice's pass (the asOf tests read them)
 
 
 @pytest.fixture(scope="module")
@@ -638,7 +643,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
 
     inc = tmp_path_factory.mktemp("incremental")
     init_data_dir(inc)
-    after, compacted, finished = [], [], []
+    after, compacted, finished, versions = [], [], [], []
     appended: dict[str, list[int]] = {table: [] for table in FOLDED}
     for seq, part in enumerate(slices):
         if seq in INTERRUPTED:
@@ -661,6 +666,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
         finished.append(last_pass(inc)["pass_id"])
         compacted += [line for line in out.splitlines() if " compact: " in line]
         after.append(read_marts(inc))
+        versions.append(query(inc, "select id from ducklake_current_snapshot('lake')")[0]["id"])
         for table in FOLDED:
             appended[table].append(len(read_table(inc, f"state.{table}")))
 
@@ -685,6 +691,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
         {table: read_table(full, f"state.{table}") for table in FOLDED},
         inc,
         finished,
+        versions,
     )
     close_passes()
 
@@ -807,6 +814,132 @@ def test_compaction_folds_appended_rows_to_the_full_builds(built: Built, table: 
         f"no pass appended beside a stored row: {rows} rows, {combined} in {view}"
     )
     assert canonical(built.folded[table]) == canonical(built.folded_full[table])
+
+
+# asOf answers: random times per pass, each asked of a few random accounts.
+AS_OF_TIMES = 3
+AS_OF_ACCOUNTS = 8
+
+
+@dataclass
+class AsOf:
+    """What the read API answers as of a time for one account: the traits object of every
+    profile that stood then (by customer id), and the event records as they stood."""
+
+    traits: dict[str, str]
+    events: list[str]
+
+
+def as_of(wh: Warehouse, version: int, account: str, when: datetime, ids: list[str]) -> AsOf:
+    snap = wh.snapshot(version)
+    traits = dict(wh.traits_as_of(snap, account, when, ids))
+    events: list[str] = []
+    while True:
+        q = EventQuery(sort="asc", offset=len(events), size=100, as_of=when)
+        page = wh.events(snap, account, account.upper(), q)
+        events += page
+        if len(page) < 100:
+            return AsOf(traits, events)
+
+
+def profile_ids(arrivals: list[Arrival], account: str) -> list[str]:
+    """Every profile the account's messages can make: each userId's and each visitor's."""
+    keys = {f"user:{a.msg['userId']}" for a in arrivals if "userId" in a.msg}
+    keys |= {f"anon:{a.msg['anonymousId']}" for a in arrivals if "anonymousId" in a.msg}
+    return sorted(customer_key(account, k) for k in keys)
+
+
+def times_to_ask(rng: random.Random, arrivals: list[Arrival]) -> list[datetime]:
+    """Event times of the messages (a time equal to one includes it), a millisecond either side,
+    and times between."""
+    times = sorted(event_time(a) for a in arrivals)
+    picks = []
+    for _ in range(AS_OF_TIMES):
+        t = rng.choice(times)
+        picks.append(t + rng.choice([timedelta(0), timedelta(milliseconds=1), -_ms(rng, 0, 3600)]))
+    return picks
+
+
+def check_as_of(got: AsOf, want: Expected, where: str) -> None:
+    """The answer as of a time against the oracle over the messages with event time <= it."""
+    records = [json.loads(r) for r in got.events]
+    assert {r["eventId"]: (r["customerId"], r["userId"], r["eventAction"]) for r in records} == (
+        want.events
+    ), where
+    users = {cid: user for cid, user, _ in want.events.values()}
+    for r in records:
+        email = want.traits[r["customerId"]].get("email")
+        assert r["email"] == (email if isinstance(email, str) else None), (where, r)
+        assert r["externalId"] == r["userId"] == r["rawData"]["userId"], (where, r)
+    traits = {cid: json.loads(doc) for cid, doc in got.traits.items()}
+    assert set(traits) == set(want.traits), where
+    for cid, expected in want.traits.items():
+        assert traits[cid]["id"] == cid and traits[cid]["externalId"] == users[cid], where
+        # marketingPreferences: the preferences decide it, which asOf answers leave out.
+        assert {k: v for k, v in traits[cid].items() if k not in SERVED_EXTRA_TRAITS} == {
+            k: v for k, v in expected.items() if k not in SERVED_EXTRA_TRAITS
+        }, (where, cid)
+
+
+def test_as_of_answers_follow_the_rules_at_random_times(built: Built) -> None:
+    """At random times T, after each pass, the read API's asOf answers (traits of every profile
+    of an account, and its events) are what the oracle makes of the messages received so far
+    whose event time is <= T: identity as it stood (a visitor not yet identified is its own
+    profile), traits, filled name and campaign, each event's customer and email."""
+    rng = random.Random(SEED)
+    wh = Warehouse(DataPaths(built.incremental), use_index=False)
+    accounts = sorted({a.account for a in built.arrivals})
+    try:
+        for k, version in enumerate(built.versions):
+            seen = [a for part in built.slices[: k + 1] for a in part]
+            for when in times_to_ask(rng, seen):
+                for account in rng.sample(accounts, AS_OF_ACCOUNTS):
+                    mine = [a for a in seen if a.account == account]
+                    want = oracle([a for a in mine if event_time(a) <= when])
+                    got = as_of(wh, version, account, when, profile_ids(mine, account))
+                    check_as_of(got, want, f"pass {k}, {account} as of {when} (seed {SEED})")
+    finally:
+        wh.close()
+
+
+def test_later_messages_do_not_change_an_as_of_answer(built: Built) -> None:
+    """An answer as of T after a pass stays, byte for byte, after later passes have brought
+    messages with event times after T (and changed the account's current traits); only a
+    message whose event time is <= T, arriving late, may change it."""
+    rng = random.Random(SEED + 1)
+    wh = Warehouse(DataPaths(built.incremental), use_index=False)
+    last = built.versions[-1]
+    asked = changed_now = 0
+    try:
+        for k, version in enumerate(built.versions[:-1]):
+            seen = [a for part in built.slices[: k + 1] for a in part]
+            later = [a for part in built.slices[k + 1 :] for a in part]
+            for account in sorted({a.account for a in seen}):
+                mine = [a for a in seen if a.account == account]
+                theirs = [a for a in later if a.account == account]
+                ids = profile_ids(mine + theirs, account)
+                # Times before every later message's event time: later messages are all after.
+                bound = min((event_time(a) for a in theirs), default=None)
+                times = [event_time(a) for a in mine if bound is None or event_time(a) < bound]
+                if not times or bound is None:
+                    continue
+                when = rng.choice(times)
+                then, now = (
+                    as_of(wh, version, account, when, ids),
+                    as_of(wh, last, account, when, ids),
+                )
+                assert then == now, f"{account} as of {when}, pass {k} and the last (seed {SEED})"
+                asked += 1
+                before = [
+                    r for r in built.after_slice[k]["customers"] if r["account_id"] == account
+                ]
+                after = [
+                    r for r in built.after_slice[-1]["customers"] if r["account_id"] == account
+                ]
+                changed_now += canonical(before) != canonical(after)
+    finally:
+        wh.close()
+    assert asked >= 20 and changed_now >= 10, (asked, changed_now)
 
 
 # Passes over messages the lake has taken already, one after another on the incremental lake:

@@ -416,6 +416,64 @@ def test_meta_and_metadata_are_the_same(api: Checked, lake: Lake) -> None:
     assert ok(get(api, lake, f"profiles/id:{meta['id']}/meta")) == meta
 
 
+def test_as_of_answers_as_things_stood(api: Checked, lake: Lake) -> None:
+    """anon-a1 viewed a page, then identified as alice; bob took the same email after. As of the
+    page the visitor is a profile of its own and the page its event; as of alice's identify the
+    page is alice's, with her email, and the email finds only her."""
+    [page] = [e for e in lake.sent.of(users={"u-alice"}) if e["action"] == "page"]
+    identify = min(e["time"] for e in lake.sent.of(users={"u-alice"}) if e["action"] == "identify")
+    alice = ok(get(api, lake, "profiles/userId:u-alice/traits"))
+
+    events = ok(get(api, lake, "events/", asOf=page["time"], sort="asc"))["data"]
+    assert [e["eventId"] for e in events] == [page["eventId"]]  # the first event of all
+    visitor = events[0]["customerId"]
+    assert visitor != alice["id"] and events[0]["userId"] is None and events[0]["email"] is None
+    assert ok(get(api, lake, f"profiles/id:{visitor}/traits", asOf=page["time"])) == {
+        "externalId": None,
+        "id": visitor,
+    }
+    error(get(api, lake, "profiles/userId:u-alice/traits", asOf=page["time"]), 404, "not_found")
+
+    then = ok(get(api, lake, "profiles/userId:u-alice/traits", asOf=identify))
+    assert then == {
+        "email": "Shared@Example.com",
+        "externalId": "u-alice",
+        "id": alice["id"],
+        "plan": "pro",
+    }
+    assert ok(get(api, lake, "profiles/userId:u-alice/metadata", asOf=identify)) == then
+    error(get(api, lake, f"profiles/id:{visitor}/traits", asOf=identify), 404, "not_found")
+    by_email = ok(get(api, lake, "profiles/email:SHARED@example.com/traits", asOf=identify))
+    assert by_email == {"data": [then]}
+    events = ok(get(api, lake, "events/", asOf=identify, sort="asc"))["data"]
+    assert events[0]["eventId"] == page["eventId"]
+    assert (events[0]["customerId"], events[0]["userId"], events[0]["email"]) == (
+        alice["id"],
+        "u-alice",
+        "Shared@Example.com",
+    )
+    assert {e["eventId"] for e in events} == {
+        e["eventId"] for e in lake.sent.of() if e["time"] <= identify
+    }
+    # Far ahead: the current traits, but for marketingPreferences (the preferences' own rules).
+    now = ok(get(api, lake, "profiles/userId:u-alice/traits", asOf="2100-01-01"))
+    assert now == {k: v for k, v in alice.items() if k != "marketingPreferences"}
+
+
+def test_a_bad_as_of_is_refused(api: Checked, lake: Lake) -> None:
+    for bad in ("yesterday", "2026-13-01", "", "2026-03-01T25:00:00Z"):
+        for path in ("profiles/userId:u-alice/traits", "profiles/userId:u-alice/meta", "events/"):
+            msg = error(get(api, lake, path, asOf=bad), 400, "invalid_request_error")
+            assert msg.startswith('"asOf" must be an ISO-8601 date or date-time'), msg
+    # The profile events take no asOf (an account's events list does).
+    msg = error(
+        get(api, lake, "profiles/userId:u-alice/events", asOf="2026-03-02"),
+        400,
+        "invalid_request_error",
+    )
+    assert msg.startswith("unknown query parameter asOf"), msg
+
+
 def test_external_ids(api: Checked, lake: Lake) -> None:
     body = ok(get(api, lake, "profiles/userId:u-alice/external_ids"))
     pairs = {(x["type"], x["id"]) for x in body["data"]}
@@ -640,11 +698,11 @@ def test_internal_error_is_json(tmp_path: Path) -> None:
 # --- OpenAPI --------------------------------------------------------------------------------
 
 DOCUMENTED = {
-    "listEvents": {"include", "exclude", "start", "end", "sort", "from", "size"},
+    "listEvents": {"include", "exclude", "start", "end", "sort", "from", "size", "asOf"},
     "listProfiles": {"from", "size", "scrollId"},
-    "getProfileTraits": set(),
-    "getProfileMeta": set(),
-    "getProfileMetadata": set(),
+    "getProfileTraits": {"asOf"},
+    "getProfileMeta": {"asOf"},
+    "getProfileMetadata": {"asOf"},
     "getProfileExternalIds": set(),
     "getProfileEvents": {"include", "exclude", "start", "end", "sort", "from", "size", "scrollId"},
 }
@@ -656,6 +714,7 @@ VALID = {
     "sort": "asc",
     "from": "1",
     "size": "5",
+    "asOf": "2026-03-02T00:00:00Z",
 }
 
 

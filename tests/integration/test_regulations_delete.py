@@ -44,6 +44,14 @@ SHARED = f"anon-shared-{U}"
 # named (the subject's call set a trait holding their email).
 ALIASED = f"anon-aliased-{U}"
 GROUP = f"g-{U}"
+# asOf times before, at and after each of the subject's messages (their event times are
+# 2026-01-01T00:00:01Z to :10Z; the first identify with the email is sent now).
+AS_OF = [
+    "2026-01-01",
+    *(f"2026-01-01T00:00:{s:02d}Z" for s in range(1, 11)),
+    "2026-01-01T00:00:05.500+01:00",
+    "2100-01-01T00:00:00Z",
+]
 USERS: dict[str, dict[str, Any]] = {
     SUBJECT: {"email": EMAIL, "firstName": "Sub", "lastName": f"Ject{U}"},
     NEIGHBOUR: {"email": f"nb-{U}@example.test"},
@@ -253,6 +261,17 @@ def before(env: PrefsEnv, mailbox: int) -> dict[str, Any]:
                 "timestamp": t0.format(9),
             },
         ),
+        # After the send, the subject's plan changes (the worked example of docs/api.md).
+        _send(
+            env,
+            "identify",
+            {
+                "userId": SUBJECT,
+                "event": "identify",
+                "timestamp": "2026-01-01T00:00:10Z",
+                "traits": {"plan": "team"},
+            },
+        ),
     ]
     assert (
         env.post(SUBJECT, {"channels": [{"channel": "sms", "subscribed": True}]}).status_code == 200
@@ -271,6 +290,15 @@ def before(env: PrefsEnv, mailbox: int) -> dict[str, Any]:
     assert len(mail) == 3 and sum(EMAIL.encode() in raw for raw in mail.values()) == 1
     [other_mail] = [n for n, raw in mail.items() if OTHER_EMAIL.encode() in raw]
     meta = env.server.get(f"profiles/userId:{SUBJECT}/meta").json()
+    as_of = _as_of_answers(env, meta["id"], _visitor_id(env))
+    [send] = env.server.get(
+        f"profiles/userId:{SUBJECT}/events", params={"include": "send_email", "size": 1}
+    ).json()["data"]
+    example = (
+        send,
+        env.server.get(f"profiles/userId:{SUBJECT}/traits", params={"asOf": send["eventTime"]}),
+        env.server.get(f"profiles/userId:{SUBJECT}/traits"),
+    )
     first = env.server.get(f"profiles/userId:{SUBJECT}/events", params={"size": 1}).json()
     assert first["data"] and first["scrollId"]
     access = env.server.wait_regulation(_file(env, "ACCESS", [SUBJECT]))
@@ -322,7 +350,40 @@ def before(env: PrefsEnv, mailbox: int) -> dict[str, Any]:
         "other_mail": (other_mail, mail[other_mail]),
         "aliased_events": aliased_events,
         "group": (json.loads(group[0]), group[1]) if group else None,
+        "as_of": as_of,
+        "example": example,
     }
+
+
+def _visitor_id(env: PrefsEnv) -> str:
+    """The subject's visitor profile (ANON) as it stood before its identify: the customerId of
+    its page event as of then."""
+    events = env.server.get("events/", params={"asOf": "2026-01-01T00:00:01Z"}).json()["data"]
+    [page] = [e for e in events if e["rawData"]["anonymousId"] == ANON]
+    assert page["userId"] is None
+    return str(page["customerId"])
+
+
+def _as_of_answers(env: PrefsEnv, customer_id: str, visitor_id: str) -> dict[str, Any]:
+    """Per asOf time: the status of each profile read of the subject, and the events then."""
+    out: dict[str, Any] = {}
+    for when in AS_OF:
+        statuses = {
+            (key, endpoint): env.server.get(
+                f"profiles/{key}/{endpoint}", params={"asOf": when}
+            ).status_code
+            for key in (
+                f"userId:{SUBJECT}",
+                f"email:{EMAIL}",
+                f"id:{customer_id}",
+                f"id:{visitor_id}",
+            )
+            for endpoint in ("traits", "metadata")
+        }
+        events = env.server.get("events/", params={"asOf": when, "size": 100})
+        assert events.status_code == 200, events.text
+        out[when] = {"statuses": statuses, "events": events.json()["data"]}
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -438,6 +499,56 @@ def test_profiles_answer_404(
     assert scroll.status_code in (400, 404) or scroll.json()["data"] == [], scroll.text
 
 
+def test_why_the_subject_got_that_email(before: dict[str, Any]) -> None:
+    """The worked example of docs/api.md, before the Delete: the traits as of the send_email
+    command's event time are those it was sent with; the plan changed after, and the email
+    came later still."""
+    send, then, now = before["example"]
+    assert send["eventTime"] == "2026-01-01T00:00:09.000Z", send
+    assert then.status_code == 200, then.text
+    assert then.json() == {
+        "city": "Oslo",
+        "externalId": SUBJECT,
+        "id": before["customer_id"],
+        "plan": f"pro-{U}",
+    }
+    assert now.json()["plan"] == "team" and now.json()["email"] == EMAIL
+
+
+def test_the_subject_is_absent_at_every_as_of(
+    env: PrefsEnv, deleted: dict[str, Any], before: dict[str, Any]
+) -> None:
+    """After the Delete, no profile read of the subject as of any time finds it, and no event
+    list as of any time shows its events; before it, they did."""
+    visitor = _visitor_id_before(before)
+    after = _as_of_answers(env, before["customer_id"], visitor)
+    found_before = [
+        (when, read)
+        for when, answers in before["as_of"].items()
+        for read, status in answers["statuses"].items()
+        if status == 200
+    ]
+    assert len(found_before) >= 20, found_before
+    ids = {before["customer_id"], visitor}
+    for when, answers in after.items():
+        assert set(answers["statuses"].values()) == {404}, (when, answers["statuses"])
+        for e in answers["events"]:
+            assert e["eventId"] not in before["subject_events"], (when, e)
+            assert e["customerId"] not in ids and e["email"] != EMAIL, (when, e)
+    shown = [
+        when
+        for when, answers in before["as_of"].items()
+        if {e["eventId"] for e in answers["events"]} & before["subject_events"]
+    ]
+    assert len(shown) >= 10, shown
+
+
+def _visitor_id_before(before: dict[str, Any]) -> str:
+    events = before["as_of"]["2026-01-01T00:00:01Z"]["events"]
+    [page] = [e for e in events if e["rawData"]["anonymousId"] == ANON]
+    return str(page["customerId"])
+
+
 def test_the_neighbour_now_owns_the_shared_anonymous_id(
     env: PrefsEnv, deleted: dict[str, Any]
 ) -> None:
@@ -506,6 +617,8 @@ def test_a_rebuild_from_landing_equals_the_incremental_state(
         "group_members": "select group_id, customer_id from lake.marts.group_members",
         "preferences": "select customer_id, marketing_preferences"
         " from lake.marts.customer_preferences",
+        "trait_history": "select customer_id, customer_id_then, trait_key, trait_value::varchar,"
+        " valid_from, valid_to, message_id from lake.marts.trait_history",
     }
     for name, sql in queries.items():
         assert _rows(DataPaths(data), sql) == _rows(DataPaths(rebuilt), sql), name
