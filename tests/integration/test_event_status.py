@@ -11,9 +11,10 @@ import os
 import subprocess
 import sys
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
+from mallard.paths import DataPaths
 from tests.conftest import REPO, Server, wait_landed
 from tests.integration.test_dispatch import (  # noqa: F401 - the fixtures
     Sink,
@@ -229,3 +230,33 @@ def test_data_through_is_not_older_than_an_event_the_answer_holds(
         time.sleep(0.2)
     received = _instant(found[0]["receivedTime"])
     assert _instant(r.headers["x-mallard-data-through"]) >= received, dict(r.headers)
+
+    # A pass commits its events before its freshness row: an answer read from the snapshot in
+    # between holds events newer than the last freshness row. Such a snapshot, made as a pass
+    # makes it (the writer's turn, one commit to marts.events), must answer a header covering
+    # the newest event it holds.
+    from orchestration.locks import lake_writer
+    from orchestration.warehouse import lake_connection
+
+    paths = DataPaths(server.data_dir)
+    later = received + timedelta(hours=1)
+    with lake_writer(paths):
+        conn = lake_connection(paths)
+        try:
+            conn.execute(
+                "insert into lake.marts.events select * replace"
+                " ($id as event_id, $at::timestamptz as received_time)"
+                " from lake.marts.events where event_id = $was",
+                {"id": f"{event_id}-later", "at": later, "was": event_id},
+            )
+        finally:
+            conn.close()
+    held = len(r.json()["data"])
+    deadline = time.monotonic() + 60
+    while True:  # until the server reads the new snapshot: one more row (its record is a copy)
+        r = server.get("profiles/userId:through-u1/events", params={"size": 100})
+        if r.status_code == 200 and len(r.json().get("data", [])) > held:
+            break
+        assert time.monotonic() < deadline, r.text
+        time.sleep(0.2)
+    assert _instant(r.headers["x-mallard-data-through"]) >= later, dict(r.headers)
