@@ -124,9 +124,9 @@ def _pass(
     none, it takes the lake writer's turn and runs the pass routine here (the same
     `run_pipeline` every actor runs). Whether that pass is still needed is asked again once
     the turn is taken: every regulation that found no watcher (one killed and restarting)
-    waits for the turn, and the first one's pass, or the watcher back, serves the others;
-    each running a full pass of its own in turn kept the watcher and every Delete's purge
-    waiting for minutes."""
+    waits for the turn, and the first one's pass, or the watcher back, serves the others,
+    rather than each running a full pass of its own in turn while the watcher and every
+    Delete's purge wait behind them."""
     from orchestration.locks import watcher_pid
     from orchestration.pipeline import BY_A_REGULATION, request_full_pass, run_pipeline
     from orchestration.window import full_pass_holds
