@@ -40,6 +40,7 @@ from mallard.regulation_runs import RegulationRuns
 from mallard.regulations import RegulationStore
 from mallard.settings import Settings, get_settings
 from mallard.tenancy import ControlStore
+from orchestration.locks import writer_holder
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +161,9 @@ def health(request: Request) -> dict[str, Any]:
         "readIndex": warehouse.index_status() if warehouse is not None else None,
         # The last pipeline pass, whoever ran it: kind, when, ok or failed and why.
         "lastPass": asdict(last) if (last := read_last_pass(request.app.state.paths)) else None,
+        # Who holds the lake writer's turn (a pass, compaction, a Delete's purge) and for how
+        # long; null while no one does.
+        "lakeWriter": h.to_json() if (h := writer_holder(request.app.state.paths)) else None,
     }
 
 

@@ -225,21 +225,25 @@ def cmd_pipeline_run(args: argparse.Namespace) -> int:
 
 
 def cmd_pipeline_status(args: argparse.Namespace) -> int:
-    """The last pass's record; exits 1 when it failed, 2 when no pass has run."""
+    """The last pass's record, the watcher, and who holds the lake writer's turn; exits 1 when
+    the last pass failed, 2 when no pass has run."""
     import dataclasses
 
     from mallard.passes import read_last_pass
-    from orchestration.locks import watcher_pid
+    from orchestration.locks import watcher_pid, writer_holder
 
     paths = _paths(args)
     last = read_last_pass(paths)
     watcher = watcher_pid(paths)
+    holder = writer_holder(paths)
     if args.json:
         record = dataclasses.asdict(last) if last else None
-        print(json.dumps({"lastPass": record, "watcherPid": watcher}))
+        writer = holder.to_json() if holder else None
+        print(json.dumps({"lastPass": record, "watcherPid": watcher, "lakeWriter": writer}))
     else:
         print(last.line() if last else "no pass has run in this data dir")
         print(f"watcher: {'pid ' + str(watcher) if watcher is not None else 'not running'}")
+        print(f"lake writer: {'held by ' + holder.line() if holder else 'free'}")
     return 2 if last is None else (0 if last.ok else 1)
 
 

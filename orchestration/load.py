@@ -128,7 +128,7 @@ def unloaded_files(paths: DataPaths) -> list[str]:
 
 def load_new_files(paths: DataPaths, *, fail_before_commit: bool = False) -> LoadResult:
     """Load every landing file not in the ledger. `fail_before_commit` is for crash tests."""
-    with lake_writer(paths):
+    with lake_writer(paths, "load"):
         conn = lake_connection(paths)
         try:
             new = _unloaded(conn, paths)

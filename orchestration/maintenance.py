@@ -181,7 +181,7 @@ def compact_fragmented(
     started = time.perf_counter()
     if at <= 0:
         return CompactionResult([], 0, 0, 0.0)
-    with lake_writer(paths):
+    with lake_writer(paths, "compaction"):
         conn = connect(paths)
         try:
             tables = fragmented_tables(conn, at)
@@ -220,7 +220,7 @@ def _drop_leftovers(conn: duckdb.DuckDBPyConnection, tables: list[tuple[str, str
 
 
 def maintain(paths: DataPaths, retention: timedelta = SNAPSHOT_RETENTION) -> MaintenanceResult:
-    with lake_writer(paths):
+    with lake_writer(paths, "maintenance"):
         conn = connect(paths)
         try:
             before = _live_files(conn)

@@ -98,6 +98,7 @@ def run_pipeline(
     launched_by: str = BY_HAND,
     kind: PassKind = PassKind.FULL,
     begin: Callable[[PassKind], object] = lambda kind: None,
+    needed: Callable[[], bool] = lambda: True,
 ) -> list[StepResult]:
     """One pass, the one routine every actor runs (the watcher, `mallard pipeline run`, a
     regulation with no watcher to wait for): full (every model, the marts' health checks,
@@ -107,7 +108,10 @@ def run_pipeline(
     and windows to the end of its compaction, so no other writer commits in between; the
     dispatch and the regulations follow outside it. The kind asked for is the one that runs if
     it can (pass_kind); begin is called with each part's kind as it begins. The pass is
-    recorded as the data dir's last pass (mallard/passes.py)."""
+    recorded as the data dir's last pass (mallard/passes.py).
+    `needed` is asked once the turn is taken: the wait for it can be minutes, and a caller
+    whose reason for the pass went meanwhile (a regulation whose messages another actor's
+    pass took) gets no pass and no steps, and leaves no record."""
     from orchestration.defs import build_definitions
     from orchestration.defs.dbt import pass_subset
     from orchestration.defs.ingest import PIPELINE
@@ -133,7 +137,9 @@ def run_pipeline(
         open(log, "a") as out,
         redirect_stdout(out),
     ):
-        with lake_writer(paths):
+        with lake_writer(paths, f"pass ({who(launched_by)})"):
+            if not needed():
+                return []
             kind = pass_kind(paths, kind)
             tags = {LAUNCHED_BY: launched_by, PASS_KIND_TAG: kind.value}
             ok = True
@@ -179,6 +185,13 @@ def run_pipeline(
     if not launched_by.startswith(BY_A_REGULATION):
         steps += regulations_step(paths)
     return steps
+
+
+def who(launched_by: str) -> str:
+    """Who runs a pass, in a few words, for the lake writer's holder record."""
+    return {BY_THE_WATCHER: "watcher", BY_HAND: "mallard pipeline run"}.get(
+        launched_by, launched_by
+    )
 
 
 def _record(

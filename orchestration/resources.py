@@ -27,7 +27,7 @@ class LakeResource(dg.ConfigurableResource):
 
     def writer(self) -> AbstractContextManager[None]:
         """The lake writer's turn (orchestration/locks.py): one writer of the lake at a time."""
-        return locks.lake_writer(self.paths)
+        return locks.lake_writer(self.paths, "dbt build")
 
     def watcher_pid(self) -> int | None:
         """The PID of the live pipeline watcher of this data dir, or None if none runs."""
@@ -54,12 +54,20 @@ class LakeWriterResource(dg.ConfigurableResource):
         # pass; a run Dagster launched is recorded here as its steps end.
         recorded_by_caller = locks.holds_lake_writer(paths)
         started = datetime.now(UTC)
-        with locks.lake_writer(paths):
+        with locks.lake_writer(paths, f"pass ({_launched_by(context)})"):
             try:
                 yield self
             finally:
                 if not recorded_by_caller:
                     _record_launched_run(paths, context, started)
+
+
+def _launched_by(context: dg.InitResourceContext) -> str:
+    """Who launched a run: the daemon's sensor or schedule by name, else "dagster launch"."""
+    run = context.run
+    tags = run.tags if run is not None else {}
+    by = tags.get("dagster/sensor_name") or tags.get("dagster/schedule_name") or "launch"
+    return f"dagster {by}"
 
 
 def _record_launched_run(
@@ -71,7 +79,7 @@ def _record_launched_run(
     from orchestration.pipeline import step_failure_line
     from orchestration.window import PASS_KIND_TAG, PassKind
 
-    run = context.dagster_run
+    run = context.run
     instance = context.instance
     if run is None or instance is None:
         return
@@ -91,7 +99,6 @@ def _record_launched_run(
         ):
             error = f"{check.check_name}: failed"
             break
-    launched_by = run.tags.get("dagster/sensor_name") or run.tags.get("dagster/schedule_name")
     kind = run.tags.get(PASS_KIND_TAG, PassKind.FULL.value)
     with contextlib.suppress(OSError):  # the record is for people; a run never fails for it
-        record_pass(paths, kind, f"dagster {launched_by or 'launch'}", started, error)
+        record_pass(paths, kind, _launched_by(context), started, error)

@@ -4,9 +4,11 @@ missing or stale."""
 
 import fcntl
 import functools
+import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from pathlib import Path
@@ -86,6 +88,26 @@ def ensure_manifest(paths: DataPaths) -> Path:
     return manifest
 
 
+# How long a reader of the manifest waits for a dbt that is rewriting it.
+MANIFEST_WAIT_S = 30.0
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """The manifest's JSON. dbt rewrites manifest.json in place (open, then write) as a pass's
+    build parses and as it ends, in the writer's turn; a process that builds its definitions
+    outside the turn (a regulation's run, `dagster job execute`, the daemon's code server) can
+    read it half written, and reads it again until it is whole or MANIFEST_WAIT_S have passed."""
+    deadline = time.monotonic() + MANIFEST_WAIT_S
+    while True:
+        try:
+            loaded: dict[str, Any] = json.loads(path.read_bytes())
+            return loaded
+        except ValueError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)
+
+
 class LayerTranslator(DagsterDbtTranslator):
     """A model's asset group is its layer: the first folder under models/ (staging,
     intermediate, marts, state, ...), so a new layer folder is a new group."""
@@ -154,7 +176,7 @@ def pass_subset(
 
 
 def build_dbt_assets(paths: DataPaths) -> tuple[dg.AssetsDefinition, DbtCliResource]:
-    manifest = ensure_manifest(paths)
+    manifest = read_manifest(ensure_manifest(paths))
     # The project resolves path: selectors (pass_subset) against the dbt project dir.
     project = DbtProject(project_dir=DBT_DIR, target_path=paths.dbt_target)
 

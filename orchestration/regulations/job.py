@@ -122,7 +122,11 @@ def _pass(
     before `through` (a Delete's restated messages). A regulation runs no pass kind of its own:
     with a pipeline watcher running, it asks the watcher for a full pass and waits for it; with
     none, it takes the lake writer's turn and runs the pass routine here (the same
-    `run_pipeline` every actor runs), which another regulation's may have made unnecessary."""
+    `run_pipeline` every actor runs). Whether that pass is still needed is asked again once
+    the turn is taken: every regulation that found no watcher (one killed and restarting)
+    waits for the turn, and the first one's pass, or the watcher back, serves the others,
+    rather than each running a full pass of its own in turn while the watcher and every
+    Delete's purge wait behind them."""
     from orchestration.locks import watcher_pid
     from orchestration.pipeline import BY_A_REGULATION, request_full_pass, run_pipeline
     from orchestration.window import full_pass_holds
@@ -144,7 +148,11 @@ def _pass(
             time.sleep(0.5)
             continue
         steps = run_pipeline(
-            paths.root, launched_by=f"{BY_A_REGULATION}{reg.regulation_id} ({why})"
+            paths.root,
+            launched_by=f"{BY_A_REGULATION}{reg.regulation_id} ({why})",
+            needed=lambda: (
+                watcher_pid(paths) is None and not full_pass_holds(paths, received, through)
+            ),
         )
         failed = [s for s in steps if not s.ok]
         if failed:
@@ -254,6 +262,11 @@ def export_access(
     context.log.info(f"zip written: {out.stat().st_size} bytes")
 
 
+def _purging(reg: Regulation) -> str:
+    """What a Delete's step holds the lake writer's turn for (its holder record)."""
+    return f"purge of regulation {reg.regulation_id}"
+
+
 def _deleting(store: RegulationStore, config: RegulationRun) -> Regulation | None:
     reg = _regulation(store, config)
     return reg if reg.deletes and reg.status != "finished" else None
@@ -277,7 +290,7 @@ def purge_rows(context: dg.OpExecutionContext, config: RegulationRun, lake: Lake
         others = resolve_subject(conn, reg.account_id, others_ids) if others_ids else None
     finally:
         conn.close()
-    result = purge.purge_lake(lake.paths, subject, others)
+    result = purge.purge_lake(lake.paths, subject, others, _purging(reg))
     _record(store, reg.regulation_id, tombstones=buried, **result.to_json())
     _done("purge_rows", config.regulation_id)
     context.log.info(
@@ -313,7 +326,7 @@ def purge_landing(
     reg = _deleting(store, config)
     if reg is None:
         return
-    files, rows = purge.purge_landing(lake.paths, _subject(reg))
+    files, rows = purge.purge_landing(lake.paths, _subject(reg), _purging(reg))
     _record(store, reg.regulation_id, landingFilesRewritten=files, landingRowsRemoved=rows)
     _done("purge_landing", config.regulation_id)
     context.log.info(f"{files} landing files rewritten, {rows} rows removed")
@@ -330,7 +343,7 @@ def purge_files(context: dg.OpExecutionContext, config: RegulationRun, lake: Lak
     reg = _deleting(store, config)
     if reg is None:
         return
-    result = purge.purge_lake_files(lake.paths, _subject(reg))
+    result = purge.purge_lake_files(lake.paths, _subject(reg), _purging(reg))
     _record(store, reg.regulation_id, **result.to_json())
     _done("purge_files", config.regulation_id)
     context.log.info(str(result.to_json()))

@@ -136,11 +136,14 @@ class LakePurge:
         }
 
 
-def purge_lake(paths: DataPaths, subject: Subject, others: Subject | None) -> LakePurge:
+def purge_lake(
+    paths: DataPaths, subject: Subject, others: Subject | None, doing: str = "a Delete's purge"
+) -> LakePurge:
     """Delete the subject's rows from every base table, and the derived rows of `others` (the
     customers sharing an anonymousId) with their raw messages marked loaded now, in one
-    transaction in the lake writer's turn (no pass or load runs meanwhile)."""
-    with lake_writer(paths):
+    transaction in the lake writer's turn (no pass or load runs meanwhile; `doing` names it in
+    the turn's holder record)."""
+    with lake_writer(paths, doing):
         conn = lake_connection(paths)
         try:
             conn.execute("begin transaction")
@@ -206,14 +209,16 @@ def _landing_mask(table: pa.Table, subject: Subject) -> pa.ChunkedArray:
     return pc.fill_null(pc.and_(account, pc.or_(user, anon)), False)
 
 
-def purge_landing(paths: DataPaths, subject: Subject) -> tuple[int, int]:
+def purge_landing(
+    paths: DataPaths, subject: Subject, doing: str = "a Delete's purge"
+) -> tuple[int, int]:
     """Rewrite every landing file that holds the subject's messages without them (temp file,
     fsync, rename: a reader sees the old file or the new, never a part; on S3 one PUT replaces
     the object whole). In the lake writer's turn: no load reads a file while it is replaced.
     (files rewritten, rows removed)"""
     files = _landing_with_subject(paths, subject)
     rewritten = removed = 0
-    with lake_writer(paths):
+    with lake_writer(paths, doing):
         for name in files:
             table = landing.read(paths, name)
             mask = _landing_mask(table, subject)
@@ -270,11 +275,13 @@ class FilesPurge:
         }
 
 
-def purge_lake_files(paths: DataPaths, subject: Subject) -> FilesPurge:
+def purge_lake_files(
+    paths: DataPaths, subject: Subject, doing: str = "a Delete's purge"
+) -> FilesPurge:
     """Rewrite every data file with deletes, flush inlined rows, expire every snapshot but the
     current one, delete the files nothing refers to, recompute table min/max that name the
     subject; then compact the catalog file. In the lake writer's turn."""
-    with lake_writer(paths):
+    with lake_writer(paths, doing):
         conn = lake_connection(paths)
         try:
             # Flushing inlined rows that had deletes writes files with deletes: flush first.

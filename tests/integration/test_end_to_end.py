@@ -5,12 +5,15 @@ cost a test ~20 s), each sending as a user of its own; the watcher test has its 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
 
+from mallard.paths import DataPaths
+from orchestration.locks import lake_writer
 from tests.conftest import Server, free_port, init_data_dir, wait_landed
 
 
@@ -84,10 +87,16 @@ def test_identify_and_track_flow_through_to_the_read_api(shared_server: Server) 
     again = _events_of(server, "e2e-1")
     assert [e["eventId"] for e in again] == ids
 
-    # /health tells how the last pass ended, whoever ran it.
-    last = httpx.get(f"{server.url}/health", timeout=30).json()["lastPass"]
+    # /health tells how the last pass ended, whoever ran it, and who holds the writer's turn.
+    health = httpx.get(f"{server.url}/health", timeout=30).json()
+    last = health["lastPass"]
     assert (last["kind"], last["ok"], last["error"]) == ("full", True, None), last
     assert last["launched_by"] == "mallard pipeline run" and last["pass_number"] >= 2
+    assert health["lakeWriter"] is None
+    with lake_writer(DataPaths(server.data_dir), "compaction"):
+        writer = httpx.get(f"{server.url}/health", timeout=30).json()["lakeWriter"]
+    assert (writer["pid"], writer["doing"]) == (os.getpid(), "compaction"), writer
+    assert writer["held_s"] >= 0 and writer["since"]
 
 
 def test_pipeline_twice_loads_each_landing_file_once(shared_server: Server) -> None:
@@ -96,7 +105,6 @@ def test_pipeline_twice_loads_each_landing_file_once(shared_server: Server) -> N
     wait_landed(server.data_dir, ids)
     server.pipeline()
     server.pipeline()
-    from mallard.paths import DataPaths
     from mallard.warehouse import connect
 
     conn = connect(DataPaths(server.data_dir), read_only=True)
@@ -173,6 +181,7 @@ def test_pipeline_watch_runs_a_pass_per_landing_and_stops_cleanly(server: Server
             watcher.wait()
     text = log.read_text()
     assert "FAIL" not in text and "Interrupted" not in text, text
+    assert "BetaWarning" not in text, text  # Dagster's beta notice, once at every pass
     assert text.rstrip().endswith(f"stopped after {passes + 1} passes"), text
     assert traits().get("plan") == "team"  # the interrupted-by-SIGTERM pass finished
 

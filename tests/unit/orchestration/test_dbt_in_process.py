@@ -9,6 +9,8 @@ import inspect
 import json
 import re
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import dagster_dbt
@@ -142,3 +144,22 @@ def test_a_failed_dbt_command_in_this_process_raises_with_dbt_s_errors(tmp_path:
     with pytest.raises(DbtFailed) as failed:
         run_dbt(["parse", "--project-dir", str(missing), "--profiles-dir", str(DBT_DIR)], {})
     assert "dbt_project.yml" in str(failed.value) or str(missing) in str(failed.value)
+
+
+def test_a_manifest_read_while_dbt_rewrites_it_is_read_again_whole(tmp_path: Path) -> None:
+    """dbt rewrites manifest.json in place; a process building its definitions meanwhile reads
+    it half written, and waits for the whole of it (one read: JSONDecodeError)."""
+    manifest = tmp_path / "manifest.json"
+    whole = json.dumps({"metadata": {"dbt_version": "1.11"}, "nodes": {"model.a": {}}})
+    manifest.write_text(whole[: len(whole) // 2])
+
+    def finish() -> None:
+        time.sleep(0.5)
+        manifest.write_text(whole)
+
+    writer = threading.Thread(target=finish)
+    writer.start()
+    try:
+        assert dbt_defs.read_manifest(manifest)["nodes"] == {"model.a": {}}
+    finally:
+        writer.join()
