@@ -117,6 +117,9 @@ def _stop(proc: subprocess.Popen[str], sig: int, paths: DataPaths, log: Callable
     return out
 
 
+# Two starts of everything, each step with its own bound (the waits below): the suite's default
+# 600 s covers one step's bound, not the whole on a loaded host.
+@pytest.mark.timeout(1800)
 def test_make_run_starts_everything_and_the_watcher_runs_the_passes(tmp_path: Path) -> None:
     data = tmp_path / "data"
     proc, lines = _start(data)
