@@ -191,3 +191,20 @@ def decode_scroll(token: str, kind: str) -> dict[str, Any]:
     ):
         raise InvalidRequest("scrollId is not valid for this list")
     return state
+
+
+def add_event_filters(q: EventQuery, where: list[str], params: list[Any]) -> None:
+    """The events list's filters (include, exclude, start, end) as SQL conditions and their
+    parameters, appended in order."""
+    if q.include:
+        where.append("event_action = ?")
+        params.append(q.include)
+    if q.exclude:
+        where.append("event_action not in (select unnest(?))")
+        params.append(list(q.exclude))
+    if q.start:
+        where.append("event_time > ?")
+        params.append(q.start)
+    if q.end:
+        where.append("event_time < ?")
+        params.append(q.end)

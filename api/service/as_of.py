@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from api.marts import EVENTS, TRAIT_HISTORY, at
-from api.params import EventQuery
+from api.params import EventQuery, add_event_filters
 from api.service.lake import Lake
 from api.service.snapshot import Snapshot
 
@@ -67,18 +67,7 @@ class AsOfReads(Lake):
         assert q.as_of is not None
         where = ["account_id = ?", "brand_id = ?", "event_time <= ?"]
         params: list[Any] = [account_id, brand_id, q.as_of]
-        if q.include:
-            where.append("event_action = ?")
-            params.append(q.include)
-        if q.exclude:
-            where.append("event_action not in (select unnest(?))")
-            params.append(list(q.exclude))
-        if q.start:
-            where.append("event_time > ?")
-            params.append(q.start)
-        if q.end:
-            where.append("event_time < ?")
-            params.append(q.end)
+        add_event_filters(q, where, params)
         order = "desc" if q.sort == "desc" else "asc"
         rows = self._query(
             f"""

@@ -16,7 +16,7 @@ from api.marts import (
     at,
 )
 from api.pages import PagesLost
-from api.params import EventQuery
+from api.params import EventQuery, add_event_filters
 from api.service.as_of import AsOfReads
 from api.service.serving import Serving
 from api.service.snapshot import Snapshot
@@ -58,18 +58,7 @@ class Warehouse(AsOfReads, Serving):
                 return []
             where.append("customer_id in (select unnest(?))")
             params.append(customer_ids)
-        if q.include:
-            where.append("event_action = ?")
-            params.append(q.include)
-        if q.exclude:
-            where.append("event_action not in (select unnest(?))")
-            params.append(list(q.exclude))
-        if q.start:
-            where.append("event_time > ?")
-            params.append(q.start)
-        if q.end:
-            where.append("event_time < ?")
-            params.append(q.end)
+        add_event_filters(q, where, params)
         order = "desc" if q.sort == "desc" else "asc"
         rows = self._query(
             f"select record from {at(EVENTS, snap.version)}"
