@@ -37,9 +37,9 @@ from bench.lake import MANIFEST, WORK, Lake, ensure_lake, sizes
 from bench.loadgen import build_request, labeled_closed_loop, run
 from bench.pipeline import _LONG_LIVED, step_seconds
 from bench.read_api import HOST, SERVER_ENV, sample_user_ids, wait_for_index
-from bench.regulations import copy_data_dir, relocate_catalog
+from bench.regulations import copy_data_dir
 from bench.stats import row, sample, summarize, write_result
-from mallard.harness import REPO, Server, free_port, mallard
+from mallard.harness import REPO, Server, free_port, mallard, relocate_catalog
 from mallard.offline import TELEMETRY_OFF
 from mallard.paths import DataPaths
 
@@ -90,7 +90,7 @@ def copy_lake(source: Lake, name: str, reuse: bool) -> Lake:
         print(f"reusing {copy.name}", flush=True)
         return Lake(**{**d, "data_dir": copy})
     copied = copy_data_dir(source.data_dir, copy)
-    relocate_catalog(DataPaths(source.data_dir), DataPaths(copy))
+    relocate_catalog(source.data_dir, copy)
     print(f"copied the lake to {copy.name} in {copied.seconds:.1f} s", flush=True)
     return replace(source, data_dir=copy)
 

@@ -33,7 +33,6 @@ import random
 import re
 import shutil
 import signal
-import sqlite3
 import sys
 import threading
 import time
@@ -51,7 +50,7 @@ from bench.generator import Traffic
 from bench.lake import MANIFEST, WORK, ensure_lake, sizes
 from bench.loadgen import Conn, build_request, run
 from bench.stats import row, sample, summarize, write_result
-from mallard.harness import Server, free_port
+from mallard.harness import Server, free_port, relocate_catalog
 from mallard.paths import DataPaths
 from mallard.warehouse import connect
 
@@ -63,14 +62,6 @@ SERVER_ENV = {
 GOAL_S = 300.0  # Segment promises 30 days
 SLOT = b"0" * 10  # the part of a load message's messageId each send numbers
 KEEP_UP = 0.95  # open loop: the share of the offered rate the collector answers during the Delete
-# Catalog tables whose rows name files: a path that is not relative would name the shared lake's.
-PATH_TABLES = (
-    "ducklake_data_file",
-    "ducklake_delete_file",
-    "ducklake_schema",
-    "ducklake_table",
-    "ducklake_files_scheduled_for_deletion",
-)
 
 
 # --- the copy of the data dir ---------------------------------------------------------------------
@@ -137,33 +128,6 @@ def copy_data_dir(src: Path, dst: Path) -> Copied:
             shutil.copy2(s, d)
             copied += size
     return Copied(time.perf_counter() - t0, linked, copied, files)
-
-
-def relocate_catalog(src: DataPaths, dst: DataPaths) -> None:
-    """Point the copied catalog at the copy's files (DuckLake keeps the data path it was made
-    with and refuses another); every file path in it must be relative to that path."""
-    con = sqlite3.connect(dst.lake_catalog)
-    try:
-        for table in PATH_TABLES:
-            n = con.execute(f"select count(*) from {table} where not path_is_relative").fetchone()
-            if n and n[0]:
-                raise RuntimeError(f"{table} names {n[0]} files by absolute path: not copied")
-        found = con.execute(
-            "select value from ducklake_metadata where key = 'data_path'"
-        ).fetchall()
-        if len(found) != 1 or Path(found[0][0]).resolve() != src.lake_data.resolve():
-            raise RuntimeError(f"unexpected data_path in the catalog: {found}")
-        con.execute(
-            "update ducklake_metadata set value = ? where key = 'data_path'",
-            (f"{dst.lake_data}/",),
-        )
-        con.commit()
-    finally:
-        con.close()
-    creds = dst.root / "demo-credentials.json"
-    if creds.exists():
-        doc = json.loads(creds.read_text())
-        creds.write_text(json.dumps({**doc, "dataDir": str(dst.root)}))
 
 
 # --- the subjects ---------------------------------------------------------------------------------
@@ -538,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     before = parquet_stats(lake.data_dir)
     copied = copy_data_dir(lake.data_dir, copy.root)
-    relocate_catalog(lake.paths, copy)
+    relocate_catalog(lake.paths.root, copy.root)
     print(
         f"copied the data dir in {copied.seconds:.1f} s: {copied.copied_bytes / 2**20:,.0f} MiB"
         f" copied, {copied.linked_bytes / 2**20:,.0f} MiB of Parquet hard-linked",

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import gc
 import io
 import json
 import os
 import select
+import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -221,6 +224,77 @@ def init_data_dir(data_dir: Path) -> dict[str, str]:
     """`mallard init --json`: the demo tenant's ids, token and writeKey."""
     out = mallard("init", "--json", data_dir=data_dir)
     return dict(json.loads(out.stdout))
+
+
+CREDENTIALS = "demo-credentials.json"
+
+
+# The catalog tables that name files; each path must be relative to the lake's data path.
+PATH_TABLES = (
+    "ducklake_data_file",
+    "ducklake_delete_file",
+    "ducklake_schema",
+    "ducklake_table",
+    "ducklake_files_scheduled_for_deletion",
+)
+
+
+def relocate_catalog(src: Path, dst: Path) -> None:
+    """Point the copied data dir `dst`'s catalog at its own files (DuckLake keeps the data path
+    it was made with and refuses another; every file path in it is relative to that path), and
+    its demo credentials at itself."""
+    catalog = dst / "lake" / "catalog.sqlite"
+    if catalog.exists():
+        with contextlib.closing(sqlite3.connect(catalog)) as con, con:
+            for table in PATH_TABLES:
+                n = con.execute(f"select count(*) from {table} where not path_is_relative")
+                if (found := n.fetchone()) and found[0]:
+                    raise RuntimeError(f"{table} names {found[0]} files by absolute path")
+            data_path = con.execute(
+                "select value from ducklake_metadata where key = 'data_path'"
+            ).fetchall()
+            made_in = (src / "lake" / "files").resolve()
+            if len(data_path) != 1 or Path(data_path[0][0]).resolve() != made_in:
+                raise RuntimeError(f"unexpected data_path in the catalog: {data_path}")
+            con.execute(
+                "update ducklake_metadata set value = ? where key = 'data_path'",
+                [f"{dst}/lake/files/"],
+            )
+    creds = dst / CREDENTIALS
+    if creds.exists():
+        doc = json.loads(creds.read_text())
+        creds.write_text(json.dumps({**doc, "dataDir": str(dst)}))
+
+
+def copy_data_dir(src: Path, dst: Path) -> dict[str, str]:
+    """A copy of a data dir whose server and passes are stopped, answering its demo credentials
+    as `init_data_dir` does (empty without them)."""
+    shutil.copytree(src, dst, symlinks=True)
+    relocate_catalog(src, dst)
+    creds = dst / CREDENTIALS
+    return dict(json.loads(creds.read_text())) if creds.exists() else {}
+
+
+def built_data_dir(data_dir: Path, template: Path) -> dict[str, str]:
+    """A data dir as `mallard init` and a first pass on its empty lake leave it: a copy of
+    `template`, made here once (the first caller builds it under an exclusive lock; every other
+    process waits for it, then copies). A first pass on a fresh lake creates every table and runs
+    every dbt test once for the project's definition (orchestration/window.py full_tests_due); a
+    copy's first pass continues from there, as every later pass of a data dir does."""
+    ready = template / ".built"
+    template.parent.mkdir(parents=True, exist_ok=True)
+    with open(template.parent / f"{template.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not ready.exists():
+            shutil.rmtree(template, ignore_errors=True)
+            init_data_dir(template)
+            mallard("pipeline", "run", data_dir=template)
+            for log in template.glob("passes-*.log"):
+                log.unlink()
+            ready.touch()
+    creds = copy_data_dir(template, data_dir)
+    (data_dir / ".built").unlink()
+    return creds
 
 
 def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,8 +10,9 @@ from typing import Any
 
 import pytest
 
+from mallard import harness
 from mallard.cli import default_stop_signals
-from mallard.harness import REPO, Server, free_port, init_data_dir, mallard
+from mallard.harness import REPO, Server, free_port, mallard
 
 __all__ = ["REPO", "Server", "free_port", "init_data_dir", "landed_event_ids", "mallard"]
 
@@ -18,6 +20,28 @@ __all__ = ["REPO", "Server", "free_port", "init_data_dir", "landed_event_ids", "
 # SIGTERM left ignored by the first (see default_stop_signals), each step of the others would
 # wait 30 s for its log tail to stop.
 default_stop_signals()
+
+
+# Where this session's built data dir is made, once for every xdist worker of the session (their
+# base temp dirs share this parent); set before any test's fixtures by _template_root.
+_TEMPLATE: list[Path] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _template_root(tmp_path_factory: pytest.TempPathFactory) -> None:
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    _TEMPLATE[:] = [root / "built-data-dir"]
+
+
+def init_data_dir(data_dir: Path) -> dict[str, str]:
+    """A data dir as `mallard init` and a first pass on its empty lake leave it (a copy of the
+    session's: mallard/harness.py built_data_dir), answering its demo credentials. A first pass
+    on a fresh lake creates every table and runs every dbt test, about as long as the rest of
+    a test that runs one pass; tests of `mallard init` itself and of a fresh lake's first pass
+    call mallard.harness.init_data_dir."""
+    return harness.built_data_dir(data_dir, _TEMPLATE[0])
 
 
 @pytest.fixture

@@ -19,9 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -34,7 +32,7 @@ from typing import Any
 import httpx
 import pytest
 
-from mallard.harness import REPO, Server, free_port, init_data_dir, mallard
+from mallard.harness import REPO, Server, copy_data_dir, free_port, init_data_dir, mallard
 from mallard.offline import TELEMETRY_OFF
 from mallard.paths import DataPaths
 from mallard.processes import alive
@@ -254,17 +252,6 @@ def make_input(server: Server) -> int:
         wait_landed(server.data_dir, [i for i in r.json()["eventIds"] if i])
         sent += len(batch)
     return sent
-
-
-def copy_data_dir(src: Path, dst: Path) -> None:
-    shutil.copytree(src, dst, symlinks=True)
-    catalog = dst / "lake" / "catalog.sqlite"
-    if catalog.exists():  # DuckLake's catalog names its data path: the copy's names the copy's
-        with sqlite3.connect(catalog) as c:
-            c.execute(
-                "update ducklake_metadata set value = ? where key = 'data_path'",
-                [f"{dst}/lake/files/"],
-            )
 
 
 def pass_killed_after(data: Path, delay: float) -> int | None:

@@ -13,12 +13,13 @@ from typing import Any
 
 import dagster as dg
 
+from mallard.harness import copy_data_dir
 from mallard.paths import DataPaths
 from orchestration.defs.ingest import PIPELINE
 from orchestration.load import load_new_files
 from orchestration.pipeline import Part, StepResult, pass_parts, run_pipeline
 from orchestration.window import PASS_KIND_TAG, PassKind
-from tests.reliability.test_crashes import copy_data_dir, lake_rows, marts_state
+from tests.reliability.test_crashes import lake_rows, marts_state
 from tests.unit.orchestration.test_load import write_landing
 from tests.unit.orchestration.test_pass_in_dagster import watch_passes
 
