@@ -11,7 +11,7 @@ VENV := $(CURDIR)/.venv
 export UV_PYTHON_DOWNLOADS := never
 export MALLARD_DATA_DIR ?= $(CURDIR)/data
 
-.PHONY: help install test-deps run test test-faults test-airgap test-reliability test-distributed soak test-fast lint format bench bench-full clean-data
+.PHONY: help install test-deps run test test-promises test-faults test-airgap test-reliability test-distributed soak test-fast lint format bench bench-full clean-data
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -57,12 +57,18 @@ test-deps: install $(CHROMIUM) $(NODE_DEPS) ## install what the tests need beyon
 # while the other idles): the longest files first (the whole-system test, 3 minutes of every role
 # at once with kills, then its invariants; test_up: `mallard up` starting and stopping
 # everything), then the unit tests, whose few long files build lakes (tests/conftest.py).
-test: test-deps ## run the whole test suite (fault-injection variants: make test-faults)
-	$(VENV)/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m 'not faults and not airgap and not reliability and not distributed' --durations=30
-	@echo "NOTE: the fault-injection variants (pytest -m faults) are not part of make test: run make test-faults"
+test: test-deps ## run the whole test suite; prints its 20 slowest tests
+	$(VENV)/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m 'not faults and not airgap and not reliability and not distributed' --durations=20
+	@echo "NOTE: make test-promises runs the fault-injection and reliability suites' short variants (.ci/run runs it after make test)"
 	@echo "NOTE: the air-gapped run (pytest -m airgap, root) is not part of make test: run make test-airgap"
-	@echo "NOTE: the reliability suite (pytest -m reliability: hostile input, crashes, resources, isolation; 6-15 min) is not part of make test: run make test-reliability"
 	@echo "NOTE: the distributed topology (pytest -m distributed: PostgreSQL, S3, 2 collectors, 2 replicas) is not part of make test: run make test-distributed"
+
+# The short variants of the promises make test leaves out: kills at each step of a regulation,
+# of the dispatcher and of journeys (faults), and the reliability suite (isolation matrix,
+# revocation, Retry-After, hostile bodies, XSS in Chromium, disk full, the burst). One worker:
+# the reliability suite times other clients while it attacks the server.
+test-promises: test-deps ## the short fault-injection and reliability variants (.ci/run runs them)
+	$(VENV)/bin/python -m pytest -m 'faults or reliability' tests/integration tests/reliability -p no:cacheprovider -q --durations=10
 
 test-faults: test-deps ## the fault-injection variants: runs SIGKILLed mid-step, then run again
 	$(VENV)/bin/python -m pytest -m faults
