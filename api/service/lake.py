@@ -88,4 +88,5 @@ class Lake:
                     time.sleep(0.01 * 2**attempt)
                     continue
                 raise
-        raise Unavailable("the warehouse is busy; retry")
+        # Retry-After 1, as the collector's 503s: a client is told when to ask again.
+        raise Unavailable("the warehouse is busy; retry", headers={"Retry-After": "1"})
