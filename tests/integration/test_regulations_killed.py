@@ -23,7 +23,9 @@ from mallard.regulations import RegulationStore
 from orchestration.warehouse import lake_connection
 from tests.conftest import Server, free_port, init_data_dir, mallard, wait_landed
 
-pytestmark = [pytest.mark.integration, pytest.mark.faults]
+# Every run after purge_rows restates the other user again, so its rebuild step runs a full
+# pass each time: nine runs and their passes, more than the default timeout on a loaded host.
+pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.timeout(2400)]
 
 U = secrets.token_hex(4)
 SUBJECT, OTHER, ANON = f"killed-{U}", f"kept-{U}", f"anon-killed-{U}"
