@@ -4,13 +4,15 @@ A real PostgreSQL (catalog, Dagster's instance) and moto's S3 server (lake and l
 on loopback, two collectors (one SIGKILLed while it takes load, then restarted), two API
 replicas, passes; then a Delete. Every answer read through either replica must equal the
 embedded deployment's (one `mallard serve`, SQLite catalog, local files) on the same messages,
-and the Delete must leave nothing of the subject in S3 objects or the catalog's rows.
+and the Delete must leave nothing of the subject (userId, email, customer id) in S3 objects,
+the catalog's rows or Dagster's run storage on PostgreSQL.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -59,6 +61,35 @@ def messages() -> list[dict[str, Any]]:
                     "properties": {"i": i, "sku": f"sku-{u}-{i}"},
                 }
             )
+    return out
+
+
+def token(identifier: str) -> str:
+    """The identifier as a whole value, as the Delete's proof matches it: no letter or digit on
+    either side (orchestration/regulations/verify.py)."""
+    return f"(?<![A-Za-z0-9]){re.escape(identifier)}(?![A-Za-z0-9])"
+
+
+def dagster_rows_naming(dep: Deployment, identifiers: list[str]) -> dict[str, int]:
+    """Rows of every table of Dagster's PostgreSQL storage (runs, event logs, tags, ...) whose
+    text names one of the identifiers, by table (only tables with any)."""
+    tables = dep.cluster.psql(
+        "select table_name from information_schema.tables where table_schema = 'public'"
+        " and table_type = 'BASE TABLE'",
+        "dagster",
+    ).split()
+    assert {"runs", "event_logs"} <= set(tables), tables
+    # PostgreSQL's regex has no lookbehind: the same rule with explicit edges.
+    pattern = "|".join(f"(^|[^A-Za-z0-9]){re.escape(i)}([^A-Za-z0-9]|$)" for i in identifiers)
+    out = {}
+    for table in tables:
+        n = int(
+            dep.cluster.psql(
+                f"select count(*) from \"{table}\" t where t::text ~ '{pattern}'", "dagster"
+            )
+        )
+        if n:
+            out[table] = n
     return out
 
 
@@ -245,6 +276,13 @@ def test_same_answers_as_embedded(deployment: Deployment, embedded: dict[str, An
         got = answers(tenant_base(dep.served[replica].url, creds), creds, USERS)
         assert got == want, replica
 
+    # The subject's identifiers, searched for after the Delete.
+    h = {"auth-token": creds["token"]}
+    api_1 = tenant_base(dep.served["api-1"].url, creds)
+    meta = httpx.get(f"{api_1}/profiles/userId:{SUBJECT}/meta", headers=h, timeout=60)
+    assert meta.status_code == 200, meta.text
+    identifiers = [SUBJECT, f"{SUBJECT}@example.com", meta.json()["id"]]
+    found = re.compile("|".join(token(i) for i in identifiers))
     # A Delete through the replicas: filed on one, followed on the other.
     reg = delete_subject(
         tenant_base(dep.served["api-1"].url, creds),
@@ -255,14 +293,22 @@ def test_same_answers_as_embedded(deployment: Deployment, embedded: dict[str, An
     delete_subject(e_base, e_base, embedded["creds"])
 
     # Nothing of the subject in any S3 object: landing files by their rows, the lake's files
-    # by every text value; and the lake's objects are only the files its catalog refers to.
+    # by every value (text, JSON, nested), decoded; and the lake's objects are only the files
+    # its catalog refers to.
     fs = dep.cluster.s3()
+    searched = 0
     for key in dep.cluster.s3_keys(""):
         table = pq.read_table(f"{S3_BUCKET}/{key}", filesystem=fs)
         for col in table.column_names:
-            if str(table.schema.field(col).type) in ("string", "large_string"):
-                values = [v for v in table[col].to_pylist() if v]
-                assert not [v for v in values if v == SUBJECT or f'"{SUBJECT}"' in v], (key, col)
+            values = [str(v) for v in table[col].to_pylist() if v is not None]
+            assert not [v for v in values if found.search(v)], (key, col)
+            searched += len(values)
+    assert searched > 0
+    # Nor in Dagster's run storage (every table of its PostgreSQL database), where the same
+    # search finds a run's id in its run row and its events.
+    run_id = dep.cluster.psql("select run_id from runs limit 1", "dagster").strip()
+    assert {"runs", "event_logs"} <= set(dagster_rows_naming(dep, [run_id]))
+    assert dagster_rows_naming(dep, identifiers) == {}
     # The lake's objects are the live files of its catalog, no more: the old ones went.
     live = dep.cluster.psql(
         "select (select count(*) from ducklake_data_file where end_snapshot is null)"
@@ -275,7 +321,7 @@ def test_same_answers_as_embedded(deployment: Deployment, embedded: dict[str, An
     env_before = dict(os.environ)
     os.environ.update(dep.cluster.env())
     try:
-        assert catalog_rows_remaining([SUBJECT, f"{SUBJECT}@example.com"]) == {}
+        assert catalog_rows_remaining(identifiers) == {}
     finally:
         os.environ.clear()
         os.environ.update(env_before)

@@ -62,10 +62,15 @@ def start_prefs_env(
     users: dict[str, dict[str, Any]],
     env: dict[str, str] | None = None,
     port: int | None = None,
+    extra_config: dict[str, str] | None = None,
 ) -> Iterator[PrefsEnv]:
-    """Start a server whose config has categories, identify `users` (userId -> traits), run
+    """Start a server whose config has categories (and `extra_config`: files by their path in
+    the config dir, written before the server starts), identify `users` (userId -> traits), run
     the pipeline once, and read each customer's `_subscriptionId` from the profile API."""
     config = prefs_config(root)
+    for name, text in (extra_config or {}).items():
+        (config / name).parent.mkdir(parents=True, exist_ok=True)
+        (config / name).write_text(text)
     data = root / "data"
     creds = init_data_dir(data)
     server = Server(

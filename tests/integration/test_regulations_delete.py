@@ -1,19 +1,22 @@
 """A SUPPRESS_WITH_DELETE through HTTP on a real server, collector and pipeline, proven the way a
 privacy officer would have to: nothing of the subject anywhere in the data dir (the local
 mailbox's messages to or about them included), no process holding a deleted file open, no
-profile answer, no time travel back, and a rebuild from the landing files equal to the
-incremental state (so the other customers, one of whom shared an anonymousId with the subject,
-equal a build that never saw the subject)."""
+profile answer, no audience, journey or mail of theirs, no time travel back, and a rebuild
+from the landing files equal to the incremental state (so the other customers, one of whom
+shared an anonymousId with the subject, equal a build that never saw the subject)."""
 
 from __future__ import annotations
 
 import base64
-import email
 import json
 import os
 import secrets
 import shutil
 import smtplib
+import sqlite3
+import tempfile
+import time
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,10 +27,11 @@ import pyarrow.parquet as pq
 import pytest
 from aiosmtpd.controller import Controller
 
+from mallard import mailbox as local_mailbox
 from mallard.mailbox import MailboxHandler
 from mallard.paths import DataPaths
 from orchestration.warehouse import lake_connection
-from tests.conftest import free_port, mallard, wait_landed
+from tests.conftest import REPO, free_port, mallard, wait_landed
 from tests.integration.prefs_support import PrefsEnv, start_prefs_env
 
 pytestmark = pytest.mark.integration
@@ -44,6 +48,31 @@ SHARED = f"anon-shared-{U}"
 # named (the subject's call set a trait holding their email).
 ALIASED = f"anon-aliased-{U}"
 GROUP = f"g-{U}"
+# Values only the subject's messages carry, each a random string found nowhere else: the trait
+# values, page path, sku, group trait and journey data the test sends for them. After the
+# Delete none may be left, as no identifier may.
+TOKEN = secrets.token_hex(6)
+FIRST_NAME, LAST_NAME = f"fn{TOKEN}a", f"ln{TOKEN}b"
+PLAN, LATER_PLAN, CITY = f"pro{TOKEN}c", f"team{TOKEN}d", f"city{TOKEN}e"
+PATH, SKU, GROUP_PLAN = f"/p/{TOKEN}f", f"sku{TOKEN}g", f"gp{TOKEN}h"
+# (The welcome email shows the journey's plan with its first letter capitalised: a digit.)
+COUPON, JOURNEY_PLAN = f"cpn{TOKEN}i", f"0jp{TOKEN}j"
+VALUES = [
+    FIRST_NAME,
+    LAST_NAME,
+    PLAN,
+    LATER_PLAN,
+    CITY,
+    PATH,
+    SKU,
+    GROUP_PLAN,
+    COUPON,
+    JOURNEY_PLAN,
+]
+# An audience only the subject is in (nobody else orders), and the journey the subject enters.
+AUDIENCE = "buyers"
+AUDIENCE_SQL = "select customer_id from events where event_action = 'order_completed'\n"
+JOURNEY = "welcome_series"
 # asOf times before, at and after each of the subject's messages (their event times are
 # 2026-01-01T00:00:01Z to :10Z; the first identify with the email is sent now).
 AS_OF = [
@@ -53,7 +82,7 @@ AS_OF = [
     "2100-01-01T00:00:00Z",
 ]
 USERS: dict[str, dict[str, Any]] = {
-    SUBJECT: {"email": EMAIL, "firstName": "Sub", "lastName": f"Ject{U}"},
+    SUBJECT: {"email": EMAIL, "firstName": FIRST_NAME, "lastName": LAST_NAME},
     NEIGHBOUR: {"email": f"nb-{U}@example.test"},
     OTHER: {"email": OTHER_EMAIL},
 }
@@ -105,24 +134,35 @@ def _mail(port: int, to: str, body: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefsEnv]:
-    # The mail server's address is a port nothing listens on: sends wait in the outbox.
+def mailbox_port() -> int:
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory, mailbox_port: int) -> Iterator[PrefsEnv]:
+    # The dispatcher's mail server is the local mailbox (as under `make run`); the journey the
+    # subject enters is the repo's, read when the server starts.
     yield from start_prefs_env(
         tmp_path_factory.mktemp("reg-delete"),
         USERS,
-        env={"MALLARD_SMTP_URL": f"smtp://127.0.0.1:{free_port()}"},
+        env={"MALLARD_SMTP_URL": f"smtp://127.0.0.1:{mailbox_port}"},
+        extra_config={
+            f"journeys/{JOURNEY}.toml": (
+                REPO / "config" / "journeys" / f"{JOURNEY}.toml"
+            ).read_text()
+        },
     )
 
 
 @pytest.fixture(scope="module")
-def mailbox(env: PrefsEnv) -> Iterator[int]:
-    """The local mailbox `make run` starts, keeping messages in the server's data dir; its SMTP
-    port. The test mails it itself: a send of the dispatcher would land an outcome event, and
-    the Access filed next would then run a pass of its own."""
+def mailbox(env: PrefsEnv, mailbox_port: int) -> Iterator[int]:
+    """The local mailbox `make run` starts, keeping messages in the server's data dir, on the
+    port the dispatcher sends to; its SMTP port. The dispatcher delivers the subject's sends to
+    it, and the test mails it too (a message about the subject, one to another customer)."""
     box = Controller(
         MailboxHandler(DataPaths(env.server.data_dir).mailbox_dir),
         hostname="127.0.0.1",
-        port=free_port(),
+        port=mailbox_port,
     )
     box.start()
     try:
@@ -133,7 +173,10 @@ def mailbox(env: PrefsEnv) -> Iterator[int]:
 
 @pytest.fixture(scope="module")
 def before(env: PrefsEnv, mailbox: int) -> dict[str, Any]:
-    """The subject's and the others' activity, a pass, an Access zip; what was there before."""
+    """The subject's and the others' activity, a pass (an audience evaluated, a journey
+    entered, sends delivered to the mailbox), an Access zip; what was there before."""
+    (env.config_dir / "audiences").mkdir(exist_ok=True)
+    (env.config_dir / "audiences" / f"{AUDIENCE}.sql").write_text(AUDIENCE_SQL)
     t0 = "2026-01-01T00:00:0{}Z"
     ids = [
         # Anonymous, then identified with ANON and SHARED; SHARED later identified with the
@@ -145,7 +188,7 @@ def before(env: PrefsEnv, mailbox: int) -> dict[str, Any]:
                 "anonymousId": ANON,
                 "event": "page",
                 "timestamp": t0.format(1),
-                "properties": {"path": f"/p/{U}"},
+                "properties": {"path": PATH},
             },
         ),
         _send(
@@ -156,7 +199,7 @@ def before(env: PrefsEnv, mailbox: int) -> dict[str, Any]:
                 "anonymousId": ANON,
                 "event": "identify",
                 "timestamp": t0.format(2),
-                "traits": {"plan": f"pro-{U}"},
+                "traits": {"plan": PLAN},
             },
         ),
         _send(
@@ -167,7 +210,7 @@ def before(env: PrefsEnv, mailbox: int) -> dict[str, Any]:
                 "anonymousId": SHARED,
                 "event": "identify",
                 "timestamp": t0.format(3),
-                "traits": {"city": "Oslo"},
+                "traits": {"city": CITY},
             },
         ),
         _send(
@@ -187,7 +230,7 @@ def before(env: PrefsEnv, mailbox: int) -> dict[str, Any]:
                 "anonymousId": SHARED,
                 "event": "Viewed",
                 "timestamp": t0.format(5),
-                "properties": {"sku": f"sku-{U}"},
+                "properties": {"sku": SKU},
             },
         ),
         _send(
@@ -240,7 +283,7 @@ def before(env: PrefsEnv, mailbox: int) -> dict[str, Any]:
                     "type": "group",
                     "userId": SUBJECT,
                     "groupId": GROUP,
-                    "traits": {"plan": "pro", "billingEmail": EMAIL},
+                    "traits": {"plan": GROUP_PLAN, "billingEmail": EMAIL},
                     "timestamp": "2026-01-01T00:00:13Z",
                 },
             ]
@@ -249,8 +292,8 @@ def before(env: PrefsEnv, mailbox: int) -> dict[str, Any]:
     assert r.status_code == 200, r.text
     ids += [
         *r.json()["eventIds"],
-        # A send to the subject: the dispatcher renders it with their traits and keeps it in
-        # the outbox (no mail server answers, so it waits to be retried).
+        # A send to the subject: the dispatcher renders it with their traits and delivers it
+        # to the local mailbox.
         _send(
             env,
             "track",
@@ -269,7 +312,20 @@ def before(env: PrefsEnv, mailbox: int) -> dict[str, Any]:
                 "userId": SUBJECT,
                 "event": "identify",
                 "timestamp": "2026-01-01T00:00:10Z",
-                "traits": {"plan": "team"},
+                "traits": {"plan": LATER_PLAN},
+            },
+        ),
+        # The subject enters a journey, whose first step sends them the welcome email with the
+        # journey's data (root keys and properties) in its merge data.
+        _send(
+            env,
+            "track",
+            {
+                "userId": SUBJECT,
+                "event": "start_journey",
+                "coupon": COUPON,
+                "timestamp": "2026-01-01T00:00:10Z",
+                "properties": {"journeyIdToTrigger": JOURNEY, "plan": JOURNEY_PLAN},
             },
         ),
     ]
@@ -279,17 +335,23 @@ def before(env: PrefsEnv, mailbox: int) -> dict[str, Any]:
     httpx.post(f"{env.server.url}/cdp/events/std/m", json={"series": [{"anon": ANON}]}, timeout=10)
     wait_landed(env.server.data_dir, ids)
     env.server.pipeline()
+    # The pass's dispatch delivers the send_email and the journey's first send to the mailbox.
+    delivered = _wait_mail(env, 2)
+    assert all(EMAIL.encode() in raw for raw in delivered.values()), delivered
+    assert {JOURNEY_PLAN.encode() in local_mailbox.readable(raw) for raw in delivered.values()} == {
+        True,
+        False,
+    }, "one of them is the journey's, with its plan"
     outbox = (env.server.data_dir / "outbox.sqlite").read_bytes()
-    assert EMAIL.encode() in outbox  # the send to retry, rendered for the subject
-    # In the local mailbox: an email to the subject, one about them to someone else (their
-    # address only in its encoded body), and one to another customer.
-    _mail(mailbox, EMAIL, "Welcome, Sub!")
+    assert EMAIL.encode() in outbox  # the sends, rendered for the subject
+    # In the local mailbox besides: one about the subject to someone else (their address only
+    # in its encoded body), and one to another customer.
     _mail(mailbox, "support@example.test", f"Zoë asks us to forget {EMAIL}.")
     _mail(mailbox, OTHER_EMAIL, "Zoë, your order has shipped.")
-    mail = _mailbox(env)
-    assert len(mail) == 3 and sum(EMAIL.encode() in raw for raw in mail.values()) == 1
+    mail = _wait_mail(env, 4)
     [other_mail] = [n for n, raw in mail.items() if OTHER_EMAIL.encode() in raw]
     meta = env.server.get(f"profiles/userId:{SUBJECT}/meta").json()
+    assert AUDIENCE in meta["audiencesStatic"], meta
     as_of = _as_of_answers(env, meta["id"], _visitor_id(env))
     [send] = env.server.get(
         f"profiles/userId:{SUBJECT}/events", params={"include": "send_email", "size": 1}
@@ -336,6 +398,12 @@ def before(env: PrefsEnv, mailbox: int) -> dict[str, Any]:
         group = conn.execute(
             "select traits, member_count from lake.marts.groups where group_id = ?", [GROUP]
         ).fetchone()
+        audience_rows, journey_rows = (
+            conn.execute(
+                f"select count(*) from {table} where customer_id = ?", [meta["id"]]
+            ).fetchone()[0]  # type: ignore[index]
+            for table in ("lake.marts.audience_members", "lake.marts.journey_instances")
+        )
     finally:
         conn.close()
     return {
@@ -352,7 +420,23 @@ def before(env: PrefsEnv, mailbox: int) -> dict[str, Any]:
         "group": (json.loads(group[0]), group[1]) if group else None,
         "as_of": as_of,
         "example": example,
+        "delivered": sorted(delivered),
+        "audience_rows": audience_rows,
+        "journey_rows": journey_rows,
+        "found": _leftovers(env.server.data_dir, _strings_of(meta)),
     }
+
+
+def _wait_mail(env: PrefsEnv, n: int) -> dict[str, bytes]:
+    """The mailbox's messages once it holds `n` (the dispatcher delivers after the pass)."""
+    deadline = time.monotonic() + 120
+    box = DataPaths(env.server.data_dir).mailbox_dir
+    while len(local_mailbox.stored(box)) < n:
+        assert time.monotonic() < deadline, f"{local_mailbox.stored(box)} in the mailbox, not {n}"
+        time.sleep(0.2)
+    mail = _mailbox(env)
+    assert len(mail) == n, mail.keys()
+    return mail
 
 
 def _visitor_id(env: PrefsEnv) -> str:
@@ -399,10 +483,90 @@ def deleted(env: PrefsEnv, before: dict[str, Any]) -> dict[str, Any]:
 
 
 def _strings(before: dict[str, Any]) -> list[bytes]:
+    """The subject's identifiers and the values only their messages carry."""
+    return _strings_of({"_subscriptionId": before["subscription_id"], "id": before["customer_id"]})
+
+
+def _strings_of(meta: dict[str, Any]) -> list[bytes]:
     return [
         s.encode()
-        for s in (SUBJECT, ANON, ALIASED, EMAIL, before["subscription_id"], before["customer_id"])
+        for s in (
+            SUBJECT,
+            ANON,
+            ALIASED,
+            EMAIL,
+            meta["_subscriptionId"],
+            meta["id"],
+            *VALUES,
+        )
     ]
+
+
+def _found(where: str, data: bytes, wanted: list[bytes]) -> list[str]:
+    return [f"{where}: {s.decode()}" for s in wanted if s in data]
+
+
+def _sqlite_values(path: Path) -> bytes:
+    """Every value of every table of a SQLite file (with its write-ahead file), as text: what
+    a reader of the database gets, whatever the pages' layout on disk. Read from a copy, so
+    the data dir is not touched."""
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "db.sqlite"
+        shutil.copy(path, copy)
+        wal = path.with_name(path.name + "-wal")
+        if wal.exists():
+            shutil.copy(wal, copy.with_name(copy.name + "-wal"))
+        conn = sqlite3.connect(copy)
+        try:
+            out: list[bytes] = []
+            tables = [
+                r[0] for r in conn.execute("select name from sqlite_master where type='table'")
+            ]
+            for table in tables:
+                for row in conn.execute(f'select * from "{table}"'):
+                    for v in row:
+                        out.append(v if isinstance(v, bytes) else str(v).encode())
+            return b"\n".join(out)
+        finally:
+            conn.close()
+
+
+def _decoded_hits(path: Path, data: bytes, wanted: list[bytes]) -> list[str]:
+    """What the file holds once decoded, by what it is: a SQLite database's values, a zip's
+    members, a Parquet file's values (decompressed), a mail's decoded headers and bodies."""
+    hits: list[str] = []
+    if data.startswith(b"SQLite format 3\x00"):
+        hits += _found(f"{path} (sqlite values)", _sqlite_values(path), wanted)
+    if data.startswith(b"PAR1"):
+        hits += _found(
+            f"{path} (parquet values)", str(pq.read_table(path).to_pylist()).encode(), wanted
+        )
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as z:
+            for member in z.namelist():
+                content = z.read(member)
+                hits += _found(f"{path}!{member}", content, wanted)
+                hits += (
+                    _decoded_hits(Path(f"{path}!{member}"), content, wanted)
+                    if content.startswith(b"PAR1")
+                    else []
+                )
+    if ".eml" in path.name:  # every header and body, decoded from base64 or quoted-printable
+        hits += _found(f"{path} (decoded)", local_mailbox.readable(data), wanted)
+    return hits
+
+
+def _leftovers(data_dir: Path, wanted: list[bytes]) -> list[str]:
+    """Every place in the data dir that still holds one of `wanted`: each file's bytes, and
+    its values decoded (the DuckDB extensions, binaries of the install, left out)."""
+    hits: list[str] = []
+    for path in data_dir.rglob("*"):
+        if not path.is_file() or "duckdb_extensions" in path.parts:
+            continue
+        data = path.read_bytes()
+        hits += _found(str(path), data, wanted)
+        hits += _decoded_hits(path, data, wanted)
+    return hits
 
 
 def test_evidence_counts_what_was_deleted_and_finds_nothing_left(
@@ -415,8 +579,10 @@ def test_evidence_counts_what_was_deleted_and_finds_nothing_left(
     assert evidence["landingRowsRemoved"] == len(before["subject_events"])
     assert evidence["snapshotsExpired"] > 0 and evidence["filesDeleted"] > 0
     assert evidence["accessZipsRemoved"] == 1 and evidence["preferencesJournalRows"] >= 1
-    assert evidence["outboxRows"]["sends"] == 1
-    assert evidence["mailboxMessagesRemoved"] == 2
+    assert evidence["outboxRows"]["sends"] == 2  # the send_email's and the journey's
+    assert evidence["outboxRows"]["journey_instances"] == 1
+    # The two sends delivered to the subject, and the message about them.
+    assert evidence["mailboxMessagesRemoved"] == 3
     # The Access zip filed before held exactly the rows the Delete removed, table by table.
     assert before["access"]["evidence"]["rowsExported"] == evidence["rowsDeleted"]
 
@@ -440,20 +606,13 @@ def test_no_byte_of_the_subject_is_left_in_the_data_dir(
     env: PrefsEnv, deleted: dict[str, Any], before: dict[str, Any]
 ) -> None:
     wanted = _strings(before)
-    hits: list[str] = []
-    for path in env.server.data_dir.rglob("*"):
-        if not path.is_file() or "duckdb_extensions" in path.parts:
-            continue
-        data = path.read_bytes()
-        hits += [f"{path}: {s.decode()}" for s in wanted if s in data]
-        if path.suffix == ".parquet":  # values, decompressed
-            text = str(pq.read_table(path).to_pylist()).encode()
-            hits += [f"{path} (values): {s.decode()}" for s in wanted if s in text]
-        if ".eml" in path.name:  # bodies, decoded from base64 or quoted-printable
-            parts = email.message_from_bytes(data).walk()
-            text = b"".join(bytes(p.get_payload(decode=True) or b"") for p in parts)
-            hits += [f"{path} (decoded): {s.decode()}" for s in wanted if s in text]
-    assert hits == []
+    # Before the Delete the search found every one of them, decoded where it had to be.
+    found = {hit.rsplit(": ", 1)[1] for hit in before["found"]}
+    assert found == {s.decode() for s in wanted}, found
+    assert any("(sqlite values)" in hit for hit in before["found"])
+    assert any("(parquet values)" in hit for hit in before["found"])
+    assert any(".zip!" in hit for hit in before["found"])
+    assert _leftovers(env.server.data_dir, wanted) == []
 
 
 def test_the_mailbox_keeps_only_the_messages_not_about_the_subject(
@@ -461,6 +620,21 @@ def test_the_mailbox_keeps_only_the_messages_not_about_the_subject(
 ) -> None:
     name, raw = before["other_mail"]
     assert _mailbox(env) == {name: raw}
+
+
+def test_the_subject_left_the_audience_and_the_journey(
+    env: PrefsEnv, deleted: dict[str, Any], before: dict[str, Any]
+) -> None:
+    """Before the Delete the subject was a member of the audience and had entered the journey;
+    after it no row of either names them, and the audience has no member left."""
+    assert before["audience_rows"] == 1 and before["journey_rows"] == 1
+    paths = DataPaths(env.server.data_dir)
+    for table in ("audience_members", "journey_instances", "journey_steps"):
+        sql = f"select count(*) from lake.marts.{table} where customer_id = ?"
+        rows = _rows(paths, sql.replace("?", f"'{before['customer_id']}'"))
+        assert rows == [(0,)], table
+    members = env.server.get(f"audiences/{AUDIENCE}/members")
+    assert members.status_code == 200 and members.json()["data"] == [], members.text
 
 
 def test_no_process_holds_a_deleted_file_open(env: PrefsEnv, deleted: dict[str, Any]) -> None:
@@ -507,12 +681,12 @@ def test_why_the_subject_got_that_email(before: dict[str, Any]) -> None:
     assert send["eventTime"] == "2026-01-01T00:00:09.000Z", send
     assert then.status_code == 200, then.text
     assert then.json() == {
-        "city": "Oslo",
+        "city": CITY,
         "externalId": SUBJECT,
         "id": before["customer_id"],
-        "plan": f"pro-{U}",
+        "plan": PLAN,
     }
-    assert now.json()["plan"] == "team" and now.json()["email"] == EMAIL
+    assert now.json()["plan"] == LATER_PLAN and now.json()["email"] == EMAIL
 
 
 def test_the_subject_is_absent_at_every_as_of(
@@ -563,7 +737,7 @@ def test_the_alias_linked_visitor_was_the_subjects_and_the_group_keeps_the_neigh
     """Before the Delete, ALIASED's page was the subject's event and the group had the traits
     of the subject's later call and two members; after it, the neighbour's call alone."""
     assert before["aliased_events"] == [before["customer_id"]]
-    assert before["group"] == ({"billingEmail": EMAIL, "plan": "pro", "seats": 3}, 2)
+    assert before["group"] == ({"billingEmail": EMAIL, "plan": GROUP_PLAN, "seats": 3}, 2)
     [(traits, members)] = _rows(
         DataPaths(env.server.data_dir),
         f"select traits, member_count from lake.marts.groups where group_id = '{GROUP}'",

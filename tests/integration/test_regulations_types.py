@@ -104,7 +104,8 @@ def _landed_rows(srv: Server, **match: str) -> int:
 def test_suppress_filed_while_threads_send_stores_nothing_after_its_answer(srv: Server) -> None:
     answered = threading.Event()
     stop = threading.Event()
-    calls: list[tuple[bool, bool, str]] = []  # (subject, sent after the answer, eventId)
+    # (subject, sent after the answer, eventId, the key that names the sender)
+    calls: list[tuple[bool, bool, str, str]] = []
     lock = threading.Lock()
 
     def sender(n: int) -> None:
@@ -122,23 +123,44 @@ def test_suppress_filed_while_threads_send_stores_nothing_after_its_answer(srv: 
                 r = client.post(
                     f"{srv.base}/track", json={**body, "event": f"Tick {n}"}, headers=srv.headers
                 )
+                key = next(iter(body))
                 with lock:
-                    calls.append((subject, after, _id(r)))
+                    calls.append((subject, after, _id(r), key))
 
     threads = [threading.Thread(target=sender, args=(n,)) for n in range(4)]
     for t in threads:
         t.start()
-    time.sleep(0.5)
+
+    def sent(after: bool, subject: bool, key: str) -> int:
+        with lock:
+            return sum(c[:2] == (subject, after) and c[3] == key for c in calls)
+
+    def until(after: bool, n: int) -> None:
+        """Until the senders have made `n` calls of each kind (the subject's by userId and by
+        anonymousId, the other user's) on that side of the answer."""
+        deadline = time.monotonic() + 120
+        kinds = [(True, "userId"), (True, "anonymousId"), (False, "userId")]
+        while min(sent(after, subject, key) for subject, key in kinds) < n:
+            assert time.monotonic() < deadline, calls[-10:]
+            time.sleep(0.05)
+
+    until(False, 5)
     reg_id = _file(srv, "SUPPRESS", S)
     answered.set()
-    time.sleep(1.0)
+    until(True, 10)
     stop.set()
     for t in threads:
         t.join()
     drops = {c[2]: srv.dropped(c[2]) for c in calls if c[0] or c[1]}
     after = [c for c in calls if c[1]]
-    assert [c for c in after if c[0] and drops[c[2]] != "suppress"] == []  # dropped, answered 200
-    assert all(drops[c[2]] is None for c in after if not c[0]) and any(not c[0] for c in after)
+    # Every call of the subject sent after the answer, by userId and by anonymousId alike, was
+    # answered 200 and dropped by the suppression; every other user's call after it was kept.
+    by_key: dict[str, set[str | None]] = {}
+    for c in after:
+        if c[0]:
+            by_key.setdefault(c[3], set()).add(drops[c[2]])
+    assert by_key == {"userId": {"suppress"}, "anonymousId": {"suppress"}}, by_key
+    assert {drops[c[2]] for c in after if not c[0]} == {None}
     stored = [c[2] for c in calls if drops.get(c[2]) is None]
     wait_landed(srv.data_dir, stored)
     subject_stored = [c for c in calls if c[0] and drops[c[2]] is None]

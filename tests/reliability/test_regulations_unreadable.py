@@ -154,13 +154,25 @@ def test_a_lost_regulations_store_is_not_taken_for_an_empty_one(srv: Server) -> 
     for f, to in away.items():
         f.rename(to)
     landed_before = len(landed_event_ids(srv.data_dir))
+    log = srv.data_dir / f"serve-{srv.port}.log"  # where Server.start sends its output
+    logged = log.stat().st_size if log.exists() else 0
     started = False
     try:
         try:
             srv.start(timeout=30)
             started = True
-        except AssertionError:
-            pass  # refused to start: fails closed as well
+        except AssertionError as refused:
+            # Refused to start: fails closed as well, if it is for the lost store. The process
+            # exited (not a start slower than 30 s), and the output of this start names the
+            # store and why it makes no empty one (not a port taken or an import error).
+            assert str(refused).startswith("process exited"), str(refused)[:300]
+            with open(log, "rb") as f:
+                f.seek(logged)
+                output = f.read().decode(errors="replace")
+            assert (
+                f"the regulations store {paths.regulations_db} is missing though lists were"
+                " written" in output
+            ), output[-3000:]
         if started:
             r = srv.post("track", {"userId": gone, "event": "Lost"})
             FIGURES.requests += 1
