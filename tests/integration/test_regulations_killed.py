@@ -1,9 +1,7 @@
-"""A Delete killed (SIGKILL) after each of its steps (catch_up and rebuild included: the
-subject shares an anonymousId with another user, so the rebuild step runs), run again each time
-(the last time by `mallard pipeline run`, which carries unfinished regulations forward), ends in
-the state an uninterrupted Delete of the same lake reaches: same marts (the other user owning
-the shared anonymousId, rebuilt), same landing files, nothing left of the subject, and the
-evidence of the attempts adds up to the uninterrupted one's."""
+"""A Delete killed (SIGKILL) after each of its steps, run again each time (the last time by
+`mallard pipeline run`, which carries unfinished regulations forward), ends in the state an
+uninterrupted Delete of the same lake reaches: same marts, same landing files, nothing left of
+the subject, and the evidence of the attempts adds up to the uninterrupted one's."""
 
 from __future__ import annotations
 
@@ -23,28 +21,12 @@ from mallard.regulations import RegulationStore
 from orchestration.warehouse import lake_connection
 from tests.conftest import Server, free_port, init_data_dir, mallard, wait_landed
 
-# Every run after purge_rows restates the other user again, so its rebuild step runs a full
-# pass each time: nine runs and their passes, more than the default timeout on a loaded host.
-pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
 U = secrets.token_hex(4)
 SUBJECT, OTHER, ANON = f"killed-{U}", f"kept-{U}", f"anon-killed-{U}"
-# Identified with the subject first, then with OTHER: the Delete restates OTHER's customer and
-# its rebuild step waits for the pass that rebuilds it.
-SHARED = f"anon-shared-{U}"
-# Each run of the Delete is killed once this step has done its work (the step names of
-# orchestration/regulations/job.py, in the job's order; a rerun does every step again).
-ACCOUNT = "demo"
-KILLED_AT = [
-    "catch_up",
-    "resolve",
-    "purge_rows",
-    "rebuild",
-    "purge_landing",
-    "purge_files",
-    "purge_side_stores",
-    "forget",
-]
+# Each run of the Delete is killed once this step has done its work.
+KILLED_AT = ["resolve", "purge_rows", "purge_landing", "purge_files", "purge_side_stores", "forget"]
 QUERIES = [
     "select event_id, customer_id, record from lake.marts.events",
     "select customer_id, user_id, traits, subscription_id from lake.marts.customers",
@@ -72,25 +54,9 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
                 "traits": {"a": U},
             },
             {"type": "track", "userId": SUBJECT, "event": "Bought"},
-            {
-                "type": "identify",
-                "event": "identify",
-                "userId": SUBJECT,
-                "anonymousId": SHARED,
-                "traits": {"c": U},
-            },
-            {"type": "track", "anonymousId": SHARED, "event": "Viewed"},
-            {
-                "type": "identify",
-                "event": "identify",
-                "userId": OTHER,
-                "anonymousId": SHARED,
-                "traits": {"b": U},
-            },
+            {"type": "identify", "event": "identify", "userId": OTHER, "traits": {"b": U}},
             {"type": "track", "userId": OTHER, "event": "Bought"},
         ):
-            # In this order: the subject identifies SHARED before OTHER does.
-            body = {**body, "timestamp": f"2026-01-01T00:00:{len(ids):02d}Z"}
             r = srv.post(str(body["type"]), body)
             assert r.status_code == 200, r.text
             ids.append(r.json()["eventId"])
@@ -159,10 +125,7 @@ def test_killed_after_each_step_ends_as_an_uninterrupted_delete(lake: Path, tmp_
     assert _state(lake) == _state(calm)
     assert _landing(lake) == _landing(calm)
     assert SUBJECT not in str(_state(lake)) and OTHER in str(_state(lake))
-    # The shared anonymousId is OTHER's now, in both.
-    assert (ACCOUNT, SHARED, OTHER) in _state(lake)[3], _state(lake)[3]
     for evidence in (killed, uninterrupted):
         assert evidence["rowsRemainingTotal"] == 0 and evidence["bytesFoundTotal"] == 0
-        assert evidence["restatedCustomers"] >= 1, evidence
     assert killed["rowsDeleted"] == uninterrupted["rowsDeleted"]
     assert killed["landingRowsRemoved"] == uninterrupted["landingRowsRemoved"] > 0
