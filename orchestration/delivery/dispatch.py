@@ -837,18 +837,12 @@ def _fault(step: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def send_due(
-    paths: DataPaths,
-    outbox: Outbox,
-    result: DispatchResult,
-    base_url: str,
-    deliver_fn: Any = deliver,
-) -> None:
+def send_due(paths: DataPaths, outbox: Outbox, result: DispatchResult, base_url: str) -> None:
     """Claims due sends, 100 at a time, and hands each to its provider.
 
-    With the default `deliver`, the emails of a claimed batch are composed first and their
-    links stored in one transaction (before any of them is sent), and they go out on one SMTP
-    connection kept for the whole call. Each send is marked only after its provider answered;
+    The emails of a claimed batch are composed first and their links stored in one
+    transaction (before any of them is sent), and they go out on one SMTP connection kept for
+    the whole call. Each send is marked only after its provider answered;
     the `sent` marks are written together, when 50 wait or the oldest waits 0.5 s, before any
     other mark and at the end of each batch: a crash between an answer and its mark leaves
     those few sends `sending`, and their lease makes the next claim re-send each once, with
@@ -857,8 +851,7 @@ def send_due(
     from orchestration.delivery import email as mail
 
     providers = load_providers(config_dir())
-    batched = deliver_fn is deliver
-    session = mail.SmtpSession(smtp_url()) if batched else None
+    session = mail.SmtpSession(smtp_url())
     sent: list[tuple[str, str, str | None, str | None, str | None]] = []
     oldest = 0.0
 
@@ -870,33 +863,29 @@ def send_due(
     try:
         while sends := outbox.claim(limit=100):
             prepared: dict[str, Any] = {}
-            if batched:
-                links: dict[str, list[str]] = {}
-                for s in sends:
-                    if s.channel != "email":
-                        continue
-                    email, urls = mail.compose(
-                        paths,
-                        base_url,
-                        link_send(s),
-                        s.recipient,
-                        s.payload.get("content") or {},
-                        bool(s.payload.get("marketing")),
-                    )
-                    prepared[s.send_id] = email
-                    if urls is not None:
-                        links[s.send_id] = urls
-                mail.store_links_many(paths, links)
+            links: dict[str, list[str]] = {}
+            for s in sends:
+                if s.channel != "email":
+                    continue
+                email, urls = mail.compose(
+                    paths,
+                    base_url,
+                    link_send(s),
+                    s.recipient,
+                    s.payload.get("content") or {},
+                    bool(s.payload.get("marketing")),
+                )
+                prepared[s.send_id] = email
+                if urls is not None:
+                    links[s.send_id] = urls
+            mail.store_links_many(paths, links)
             for s in sends:
                 if sent and (len(sent) >= 50 or time.monotonic() - oldest >= 0.5):
                     flush()
                 try:
-                    if batched:
-                        answer = deliver(
-                            paths, s, providers, base_url, session, prepared.get(s.send_id)
-                        )
-                    else:
-                        answer = deliver_fn(paths, s, providers, base_url)
+                    answer = deliver(
+                        paths, s, providers, base_url, session, prepared.get(s.send_id)
+                    )
                 except TryAgain as e:
                     flush()
                     if s.attempts >= MAX_ATTEMPTS:
@@ -925,8 +914,7 @@ def send_due(
             flush()
     finally:
         flush()
-        if session is not None:
-            session.close()
+        session.close()
 
 
 def record(paths: DataPaths, outbox: Outbox, result: DispatchResult, journeys: bool = True) -> None:
@@ -961,7 +949,7 @@ def record(paths: DataPaths, outbox: Outbox, result: DispatchResult, journeys: b
             result.failed += 1
 
 
-def dispatch(paths: DataPaths, deliver_fn: Any = deliver) -> DispatchResult:
+def dispatch(paths: DataPaths) -> DispatchResult:
     """Plan new commands, move the journeys, send what is due, record every outcome (module
     docstring)."""
     result = DispatchResult()
@@ -974,7 +962,7 @@ def dispatch(paths: DataPaths, deliver_fn: Any = deliver) -> DispatchResult:
         # The guards' outcomes first (they need no provider), then the sends; the journeys'
         # events after them (a move of 100k customers makes 300k, seconds of writing).
         record(paths, outbox, result, journeys=False)
-        send_due(paths, outbox, result, base_url, deliver_fn)
+        send_due(paths, outbox, result, base_url)
         record(paths, outbox, result)
     finally:
         planning.close()

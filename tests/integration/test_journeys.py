@@ -16,6 +16,7 @@ from __future__ import annotations
 import email
 import email.policy
 import re
+import sqlite3
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -316,3 +317,34 @@ def test_an_analyst_sees_the_paths_in_sql(run: Run) -> None:
         ("clicker", "welcome", "sent", "welcome_series", "hello"),
         ("pro", "welcome", "sent", "welcome_series", "hello"),
     ]
+
+
+def _outbox_rows(run: Run) -> list[str]:
+    """The outbox's schema and every row, as SQL statements."""
+    with sqlite3.connect(run.server.data_dir / "outbox.sqlite") as conn:
+        return list(conn.iterdump())
+
+
+def test_a_dry_run_names_the_sends_and_sends_nothing(run: Run) -> None:
+    outbox, at_sink = _outbox_rows(run), len(run.sink.raw)
+    assert any('INSERT INTO "sends"' in row for row in outbox)  # the walk's four sends
+    out = mallard(
+        "journeys",
+        "dry-run",
+        "welcome_series",
+        "--user",
+        "basic",
+        data_dir=run.server.data_dir,
+        env=run.server.env,
+    )
+    assert out.stdout.splitlines() == [
+        "welcome_series (Welcome series) for userId basic, nothing is sent:",
+        "  hello (send): welcome: would send to basic@example.com",
+        "  pause (wait): 2d",
+        "  clicked (wait_for): no email_clicked within 1d: times out",
+        "  nudge (branch): else -> reminder",
+        "  reminder (send): reminder: would send to basic@example.com",
+        "  done (exit): leaves the journey",
+    ], out.stdout + out.stderr
+    assert len(run.sink.raw) == at_sink
+    assert _outbox_rows(run) == outbox

@@ -10,16 +10,21 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import dagster as dg
 import pytest
 from aiosmtpd.controller import Controller
 
 from mallard.harness import Server
+from mallard.offline import TELEMETRY_OFF
+from mallard.paths import DataPaths
+from mallard.processes import stop_groups
 from tests.conftest import REPO, free_port, init_data_dir, mallard, wait_landed
 
 pytestmark = pytest.mark.integration
@@ -263,7 +268,44 @@ def _sensor(entry: Entry) -> list[str]:
     return out.stdout.split()
 
 
-def test_the_daemon_dispatches_when_a_wait_falls_due(entry: Entry) -> None:
+# The tag Dagster gives a run that a sensor requested: the sensor's name.
+SENSOR_TAG = "dagster/sensor_name"
+# A bound, not a measure: the daemon's start-up, a 15 s sensor interval and the run's launch
+# on a loaded host take well under it.
+DAEMON_DEADLINE_S = 600
+
+
+def _sensor_runs(entry: Entry, sensor: str) -> list[dg.DagsterRunStatus]:
+    """The statuses of the dispatch runs this sensor requested."""
+    home = DataPaths(entry.server.data_dir).dagster_home
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        runs = instance.get_runs(filters=dg.RunsFilter(tags={SENSOR_TAG: sensor}))
+        return [r.status for r in runs if r.job_name == "dispatch"]
+
+
+def _daemon(entry: Entry, log: Path) -> subprocess.Popen[bytes]:
+    """`dagster-daemon run` on the data dir, as `mallard up` starts it (mallard/up.py)."""
+    paths = DataPaths(entry.server.data_dir)
+    env = {
+        **os.environ,
+        **entry.server.env,
+        "MALLARD_DATA_DIR": str(paths.root),
+        "DAGSTER_HOME": str(paths.dagster_home),
+        **TELEMETRY_OFF,
+    }
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [str(Path(sys.executable).parent / "dagster-daemon"), "run"]
+            + ["-m", "orchestration.definitions"],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def test_the_daemon_dispatches_when_a_wait_falls_due(entry: Entry, tmp_path: Path) -> None:
     """Runs last: it starts one more instance and moves the clock."""
     entry.at(T0 + timedelta(hours=4))
     wait_landed(entry.server.data_dir, [entry.start("ann", "hourly_always", "always-4")])
@@ -271,3 +313,28 @@ def test_the_daemon_dispatches_when_a_wait_falls_due(entry: Entry) -> None:
     assert _sensor(entry) == ["SkipReason", "SkipReason"]  # not due yet
     entry.at(T0 + timedelta(hours=5, minutes=1))
     assert _sensor(entry) == ["RunRequest", "SkipReason"]  # due; a watcher would take it
+    waiting = [i for i in entry.instances() if i[2] != "exited"]
+    assert waiting == [("ann", "hourly_always", "active", None)]
+    sent_before = entry.sink.to.count("ann@example.com")
+
+    # The real daemon, no watcher: its sensor launches a dispatch run, which sends the welcome.
+    log = tmp_path / "dagster-daemon.log"
+    daemon = _daemon(entry, log)
+    terminal = {
+        dg.DagsterRunStatus.SUCCESS,
+        dg.DagsterRunStatus.FAILURE,
+        dg.DagsterRunStatus.CANCELED,
+    }
+    try:
+        deadline = time.monotonic() + DAEMON_DEADLINE_S
+        runs = _sensor_runs(entry, "dispatch_when_due")
+        while not any(r in terminal for r in runs):
+            assert daemon.poll() is None, log.read_text()[-6000:]
+            assert time.monotonic() < deadline, (runs, log.read_text()[-6000:])
+            time.sleep(1)
+            runs = _sensor_runs(entry, "dispatch_when_due")
+    finally:
+        stop_groups([daemon], 30)
+    assert dg.DagsterRunStatus.SUCCESS in runs, (runs, log.read_text()[-6000:])
+    assert entry.sink.to.count("ann@example.com") == sent_before + 1
+    assert [i for i in entry.instances() if i[2] != "exited"] == []
