@@ -13,8 +13,8 @@ import os
 import threading
 import time
 import tomllib
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
