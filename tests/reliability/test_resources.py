@@ -113,7 +113,6 @@ def flood(
     result = burst(server.port, req, total, BURST_RATE)
     during = watcher.stop()[len(baseline) :]
     assert watcher.bad == [], watcher.bad[:5]
-    assert len(during) >= 20, f"only {len(during)} calls of the other token during the burst"
     return result, check_latency(what, baseline, during)
 
 
