@@ -13,6 +13,7 @@ import os
 import threading
 import time
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,9 +78,15 @@ def _stat(path: Path) -> tuple[int, int] | None:
 class CommandCatalog:
     """The asset ids (with their channels) and journey ids a command may name."""
 
-    def __init__(self, directory: Path | None = None, recheck_s: float = RECHECK_S) -> None:
+    def __init__(
+        self,
+        directory: Path | None = None,
+        recheck_s: float = RECHECK_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.directory = directory
         self.recheck_s = recheck_s
+        self.clock = clock  # seconds, monotonic: when the files were last looked at
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = None
         self._checked = 0.0
@@ -97,7 +104,7 @@ class CommandCatalog:
 
     def refresh(self, force: bool = False) -> Snapshot:
         """The current snapshot; the files are looked at when `force` or a second has passed."""
-        now = time.monotonic()
+        now = self.clock()
         snap = self._snapshot
         if snap is not None and not force and now - self._checked < self.recheck_s:
             return snap

@@ -137,6 +137,9 @@ def test_pipeline_watch_runs_a_pass_per_landing_and_stops_cleanly(server: Server
 
     from mallard.harness import REPO
 
+    # Everything lands before the watcher starts: its first pass then holds all of it, and no
+    # file lands after that pass began, so no second pass is due.
+    wait_landed(server.data_dir, _send_demo(server))
     log = server.data_dir / "watch.log"
     with open(log, "wb") as out:
         watcher = subprocess.Popen(
@@ -160,11 +163,18 @@ def test_pipeline_watch_runs_a_pass_per_landing_and_stops_cleanly(server: Server
             time.sleep(0.1)
         raise AssertionError(f"{what} did not happen:\n{log.read_text()}")
 
+    def pass_ended() -> bool:
+        """The last pass begun has printed its steps (a pass prints them once it has ended)."""
+        text = log.read_text()
+        after = text[text.rfind("pass: ") :] if "pass: " in text else ""
+        return any(line.startswith(("ok  ", "FAIL")) for line in after.splitlines())
+
     try:
-        wait_landed(server.data_dir, _send_demo(server))
         wait_for("the first pass", lambda: traits().get("plan") == "pro")
-        time.sleep(3)  # idle: no new files, no pass
+        wait_for("the end of the first pass", pass_ended)
         passes = log.read_text().count("pass: ")
+        # Idle: no file lands, so no pass begins. The window only observes; on a slow host it
+        # sees fewer of the watcher's looks, and nothing in it can start a pass.
         time.sleep(3)
         assert log.read_text().count("pass: ") == passes >= 1
         r = server.post(

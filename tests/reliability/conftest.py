@@ -40,6 +40,39 @@ ENV = {
 }
 
 
+# Another client's latency while an attack runs is compared with the same client's, measured in
+# the same run just before the attack: a multiple of that baseline, for the host's speed and
+# load, and a floor, so a baseline of a few milliseconds and its jitter do not decide alone.
+# The baseline's figure is its p90 after its first calls (a new connection, first use), so that
+# one stall of a loaded host among a few dozen calls does not raise the bound tenfold.
+LATENCY_FACTOR = 20
+LATENCY_FLOOR_S = 1.0
+WARMUP_CALLS = 5
+
+
+def percentile(latencies: list[float], pct: int) -> float:
+    """The pct-th percentile (nearest rank) of at least one latency."""
+    ordered = sorted(latencies)
+    return ordered[max(0, -(-len(ordered) * pct // 100) - 1)]
+
+
+def check_latency(what: str, baseline: list[float], during: list[float]) -> str:
+    """Fails when the p99 of `during` exceeds max(LATENCY_FLOOR_S, LATENCY_FACTOR x the p90 of
+    `baseline` after its first WARMUP_CALLS); the figures, in words for FIGURES, either way."""
+    settled = baseline[WARMUP_CALLS:]
+    assert len(settled) >= 20 and during, f"{what}: {len(settled)} baseline, {len(during)} calls"
+    base, under = percentile(settled, 90), percentile(during, 99)
+    bound = max(LATENCY_FLOOR_S, LATENCY_FACTOR * base)
+    words = (
+        f"{what} p99 {under * 1000:.0f} ms during (max {max(during) * 1000:.0f} ms, {len(during)}"
+        f" calls); before: p90 {base * 1000:.0f} ms, p99 {percentile(settled, 99) * 1000:.0f} ms"
+        f" ({len(settled)} calls); bound {bound * 1000:.0f} ms"
+    )
+    print(words)
+    assert under <= bound, words
+    return words
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # test_isolation builds the app in-process, and Litestar then sets the root logger to INFO
     # with a handler on stderr: an httpx line per request (thousands, printed by -s) would

@@ -90,6 +90,27 @@ def test_hostile_whole_bodies(probe: Probe, route: Route) -> None:
     probe.healthy()
 
 
+def test_tag_metrics_drop_bad_bodies_and_answer_200(probe: Probe) -> None:
+    """The documented leniency of the tag's metrics route (the fuzz test's LENIENT): each hostile
+    body is answered 200 {"success": true} and stored nowhere; a valid one is stored."""
+    (route,) = [r for r in ROUTES if r.name == "tag metrics"]
+    log_dir = probe.server.data_dir / "metrics"
+
+    def stored() -> str:
+        return "".join(p.read_text() for p in sorted(log_dir.glob("*.jsonl")))
+
+    before = stored()
+    for name, body in BODIES.items():
+        r = send(probe, route, body, "whole bodies")
+        assert r.status_code == 200 and r.json() == {"success": True}, f"{name}: {r.text[:200]}"
+    assert stored() == before
+    marker = "lenient-metrics-check"
+    good = {"metrics": {"series": [{"type": "Counter", "metric": marker, "value": 1}]}}
+    r = send(probe, route, json.dumps(good).encode(), "whole bodies")
+    assert r.status_code == 200 and r.json() == {"success": True}, r.text
+    assert marker in stored()[len(before) :]
+
+
 def test_preferences_update_hostile(probe: Probe) -> None:
     """The preferences update parses its body after finding the subscriber: an unknown one is
     404 whatever the body, in JSON."""

@@ -19,7 +19,6 @@ import contextlib
 import json
 import math
 import os
-import statistics
 import threading
 import time
 from collections.abc import Iterator
@@ -31,7 +30,7 @@ import pytest
 
 from mallard.harness import Server, free_port, init_data_dir, mallard
 from tests.reliability.burst import BurstResult, burst, post_request
-from tests.reliability.conftest import FIGURES, RssSampler, start_loadgens
+from tests.reliability.conftest import FIGURES, RssSampler, check_latency, start_loadgens
 
 pytestmark = [pytest.mark.reliability, pytest.mark.integration]
 
@@ -75,13 +74,20 @@ class Watcher:
                     if r.status_code != 200:
                         self.bad.append(f"{method} {path}: {r.status_code} {r.text[:200]}")
 
-    def stop(self) -> tuple[float, float, float]:
-        """p50, p99 and max latency, seconds."""
+    def wait_calls(self, n: int, timeout: float = 60) -> list[float]:
+        """The first `n` latencies, once the client has made that many calls."""
+        deadline = time.monotonic() + timeout
+        while len(self.latencies) < n:
+            assert not self.bad, self.bad[:5]
+            assert time.monotonic() < deadline, f"only {len(self.latencies)} calls of {n}"
+            time.sleep(0.02)
+        return self.latencies[:n]
+
+    def stop(self) -> list[float]:
+        """Every latency, seconds, in the order of the calls."""
         self._stop.set()
         self._thread.join(15)
-        lat = sorted(self.latencies)
-        assert len(lat) >= 20, f"only {len(lat)} calls of the other token"
-        return statistics.median(lat), lat[int(len(lat) * 0.99) - 1], lat[-1]
+        return list(self.latencies)
 
 
 @pytest.fixture
@@ -97,16 +103,17 @@ def fresh_server(tmp_path: Path) -> Iterator[Server]:
 
 
 def flood(
-    server: Server, path: str, headers: dict[str, str], total: int
-) -> tuple[BurstResult, float, float, float]:
-    """`total` posts at 2,000/s while another token's client is timed; the figures."""
+    server: Server, path: str, headers: dict[str, str], total: int, what: str
+) -> tuple[BurstResult, str]:
+    """`total` posts at 2,000/s while another token's client is timed; the burst's figures, and
+    the other token's latency during it against its own just before (check_latency)."""
     watcher = Watcher(server, new_token(server.data_dir))
-    time.sleep(0.3)
+    baseline = watcher.wait_calls(40)
     req = post_request(path, {"content-type": "application/json", **headers}, TRACK)
     result = burst(server.port, req, total, BURST_RATE)
-    p50, p99, worst = watcher.stop()
+    during = watcher.stop()[len(baseline) :]
     assert watcher.bad == [], watcher.bad[:5]
-    return result, p50, p99, worst
+    return result, check_latency(what, baseline, during)
 
 
 def assert_limited(result: BurstResult, passed_status: int) -> int:
@@ -127,14 +134,14 @@ def test_a_2000_per_second_burst_from_one_token_is_limited_others_served(
 ) -> None:
     server = fresh_server
     path = server.base_path + "/track"
-    result, p50, p99, worst = flood(server, path, {"auth-token": server.creds["token"]}, 4000)
+    result, latency = flood(
+        server, path, {"auth-token": server.creds["token"]}, 4000, "another token's"
+    )
     passed = assert_limited(result, 200)
-    assert p99 < 1.0, f"the other token's p99 was {p99 * 1000:.0f} ms during the burst"
     FIGURES.notes.append(
         f"burst from one token: {result.sent} calls at {result.offered_rate:,.0f}/s offered over"
         f" {result.seconds:.1f} s: {passed} x 200 (bucket allows {BURST}+{RATE}/s),"
-        f" {result.statuses[429]} x 429 (Retry-After 1); another token meanwhile: p50"
-        f" {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, max {worst * 1000:.0f} ms, all 200"
+        f" {result.statuses[429]} x 429 (Retry-After 1); {latency}, all 200"
     )
 
 
@@ -148,13 +155,11 @@ def test_a_flood_with_an_invalid_credential_is_limited_too(
     else:
         basic = base64.b64encode(b"wk_guessed:").decode()
         path, headers = "/v1/track", {"authorization": f"Basic {basic}"}
-    result, p50, p99, worst = flood(server, path, headers, 2000)
+    result, latency = flood(server, path, headers, 2000, "a valid token's")
     passed = assert_limited(result, 403)
-    assert p99 < 1.0, f"a valid token's p99 was {p99 * 1000:.0f} ms during the flood"
     FIGURES.notes.append(
         f"invalid {credential} flood: {result.sent} calls at {result.offered_rate:,.0f}/s:"
-        f" {passed} x 403, {result.statuses[429]} x 429; a valid token meanwhile p99"
-        f" {p99 * 1000:.0f} ms, all 200"
+        f" {passed} x 403, {result.statuses[429]} x 429; {latency}, all 200"
     )
 
 

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from tests.conftest import wait_landed
-from tests.reliability.conftest import FIGURES, HEAD_TIMEOUT_S, Probe
+from tests.reliability.conftest import FIGURES, HEAD_TIMEOUT_S, Probe, check_latency
 
 pytestmark = [pytest.mark.reliability, pytest.mark.integration]
 
@@ -107,6 +107,24 @@ def _drive(slows: list[Slow], until: float) -> None:
                 del open_[fd]
 
 
+def _served(probe: Probe, client: httpx.Client, accepted: list[str]) -> list[float]:
+    """A /health and a track by another client, each answered 200; their latencies, seconds."""
+    t0 = time.monotonic()
+    health = client.get("/health")
+    t1 = time.monotonic()
+    r = client.post(
+        probe.server.base_path + "/track",
+        json={"userId": "beside-slow-heads", "event": "Served"},
+        headers=probe.server.headers,
+    )
+    t2 = time.monotonic()
+    assert health.status_code == 200, health.text
+    assert r.status_code == 200, r.text
+    accepted.append(r.json()["eventId"])
+    time.sleep(0.01)
+    return [t1 - t0, t2 - t1]
+
+
 def test_many_slow_heads_are_cut_and_others_are_served(probe: Probe) -> None:
     """SLOW_CLIENTS connections at once: most send their headers a byte every half second,
     some send nothing, some stall half-way through the head of their second request. Each is
@@ -114,6 +132,12 @@ def test_many_slow_heads_are_cut_and_others_are_served(probe: Probe) -> None:
     meanwhile another client's /health and ingestion calls are answered quickly, what it sent
     lands, and the server's descriptors and memory come back down."""
     pid = probe.pid
+    accepted: list[str] = []
+    with httpx.Client(base_url=probe.server.url, timeout=30) as client:
+        # The same client's calls before the attack: the baseline its latency is held to.
+        baseline: list[float] = []
+        for _ in range(15):
+            baseline += _served(probe, client, accepted)
     fds_before = open_fds(pid)
     rss_before = probe.rss.mark()
     kinds = ["idle"] * IDLE + ["stalled"] * STALLED
@@ -126,31 +150,18 @@ def test_many_slow_heads_are_cut_and_others_are_served(probe: Probe) -> None:
     driver.start()
 
     latencies: list[float] = []
-    accepted: list[str] = []
     fds_peak = fds_before
-    with httpx.Client(base_url=probe.server.url, timeout=5) as client:
+    with httpx.Client(base_url=probe.server.url, timeout=30) as client:
         while driver.is_alive():
             fds_peak = max(fds_peak, open_fds(pid))
-            t0 = time.monotonic()
-            health = client.get("/health")
-            latencies.append(time.monotonic() - t0)
-            t0 = time.monotonic()
-            r = client.post(
-                probe.server.base_path + "/track",
-                json={"userId": "beside-slow-heads", "event": "Served"},
-                headers=probe.server.headers,
-            )
-            latencies.append(time.monotonic() - t0)
-            assert health.status_code == 200, health.text
-            assert r.status_code == 200, r.text
-            accepted.append(r.json()["eventId"])
-            time.sleep(0.01)
+            latencies += _served(probe, client, accepted)
     driver.join()
     for s in slows:
         s.sock.close()
-    FIGURES.requests += len(latencies) + len(slows)
-    FIGURES.statuses[200] += len(latencies)
+    FIGURES.requests += len(baseline) + len(latencies) + len(slows)
+    FIGURES.statuses[200] += len(baseline) + len(latencies)
 
+    latency = check_latency("another client's", baseline, latencies)
     still_open = [s.kind for s in slows if s.closed_after is None]
     assert still_open == [], f"{len(still_open)} slow connections never closed: {still_open[:5]}"
     closed = sorted(s.closed_after for s in slows if s.closed_after is not None)
@@ -179,15 +190,13 @@ def test_many_slow_heads_are_cut_and_others_are_served(probe: Probe) -> None:
     FIGURES.accepted += len(accepted)
     FIGURES.landed += len(accepted)
 
-    p99 = statistics.quantiles(latencies, n=100)[98]
-    assert p99 < 1.0, f"p99 {p99 * 1000:.0f} ms beside the slow heads"
     FIGURES.notes.append(
         f"slow heads: {len(slows)} connections at once ({IDLE} idle, {STALLED} stalled after a"
         f" request, the rest a header byte every {TRICKLE_S:g} s) closed {closed[0]:.1f}-"
         f"{closed[-1]:.1f} s after their head began (deadline {HEAD_TIMEOUT_S:g} s), 408 in JSON"
-        f" to all but the idle; another client meanwhile: {len(latencies)} calls (/health and"
-        f" track), p50 {statistics.median(latencies) * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms,"
-        f" max {max(latencies) * 1000:.0f} ms, {len(accepted)} tracks landed; server descriptors"
+        f" to all but the idle; /health and track of {latency}, p50"
+        f" {statistics.median(latencies) * 1000:.0f} ms, {len(accepted)} tracks landed; server"
+        f" descriptors"
         f" {fds_before} -> peak {fds_peak} -> {fds_after}, RSS rose {rise:.0f} MiB"
     )
 
