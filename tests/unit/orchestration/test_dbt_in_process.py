@@ -23,6 +23,7 @@ from mallard.settings import get_settings
 from orchestration.context import DBT_DIR
 from orchestration.dbt_in_process import CHECKED_AGAINST_DAGSTER_DBT, DbtFailed, DbtThread, run_dbt
 from orchestration.defs import dbt as dbt_defs
+from tests.conftest import init_data_dir
 
 
 def _calls_of(tree: ast.AST, module: str, name: str) -> list[ast.Call]:
@@ -80,7 +81,7 @@ def test_a_pass_runs_dbt_on_a_thread_of_the_pipeline_process(tmp_path: Path) -> 
     """A `dbt` subprocess logs from its MainThread; in the pipeline's process dbt runs on the
     thread named dbt. MALLARD_DBT_IN_PROCESS=0 keeps the subprocess. Both build the models."""
     data = tmp_path / "data"
-    mallard("init", data_dir=data)
+    init_data_dir(data)
     target = data / "dbt" / "target"
 
     every_model_built = r"dbt build: ([1-9]\d*)/\1 models built"
