@@ -280,7 +280,10 @@ def built_data_dir(data_dir: Path, template: Path) -> dict[str, str]:
     `template`, made here once (the first caller builds it under an exclusive lock; every other
     process waits for it, then copies). A first pass on a fresh lake creates every table and runs
     every dbt test once for the project's definition (orchestration/window.py full_tests_due); a
-    copy's first pass continues from there, as every later pass of a data dir does."""
+    copy's first pass continues from there, as every later pass of a data dir does. A data dir
+    initialised already is left as it is."""
+    if (data_dir / CREDENTIALS).exists():  # initialised already: as `mallard init` again
+        return dict(json.loads((data_dir / CREDENTIALS).read_text()))
     ready = template / ".built"
     template.parent.mkdir(parents=True, exist_ok=True)
     with open(template.parent / f"{template.name}.lock", "a") as lock:

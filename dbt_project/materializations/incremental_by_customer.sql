@@ -127,10 +127,12 @@
     {%- endfor -%}
 {%- endmacro %}
 
-{# After the commit (a transaction that wrote the lake may not write dbt's in-memory database). #}
+{# After the commit (a transaction that wrote the lake may not write dbt's in-memory database),
+   each drop committing on its own: a transaction begun here would stay open, and the drop of
+   the replaced table's backup that follows would end with it, uncommitted. #}
 {% macro drop_pending_companions() -%}
     {%- for node in commit_companions() -%}
-        {%- call statement('drop_pending_' ~ node.name) -%}
+        {%- call statement('drop_pending_' ~ node.name, auto_begin=False) -%}
             drop table if exists {{ pending_relation(node.alias) }}
         {%- endcall -%}
     {%- endfor -%}

@@ -388,8 +388,12 @@ def test_rows_by_table_are_the_rows_a_delete_of_the_subject_removes(world: World
         expected = {
             sel.name: subjects.count(conn, sel) for sel in subjects.selections(conn, world.subject)
         }
+        tables = [f"{schema}.{table}" for schema, table in subjects.lake_tables(conn)]
     finally:
         conn.close()
+    # A finished pass leaves none of dbt's replaced tables behind (a model committing with
+    # companions, customer_profiles, once kept its backup, rows of every customer included).
+    assert not [t for t in tables if t.endswith(("__dbt_backup", "__dbt_tmp"))], tables
     assert world.manifest["rows_by_table"] == expected
     counts = {f["name"]: f["rows"] for f in world.manifest["files"]}
     for table, name in world.manifest["exported_tables"].items():
